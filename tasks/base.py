@@ -1,0 +1,293 @@
+"""The `Task` base class: builders, the seed's step stages and the default train/validation steps.
+
+A Task holds model and data logic only. The trainer (`trainers`) owns the global step, the
+learning-rate variable, checkpoints and summaries, and drives a Task only through these methods.
+
+Default `train_step`, per replica, inside `strategy.run` under `tf.function`::
+
+    inputs = input_pre(batch, lr)
+    outputs = model(inputs, training=True)
+    loss_input = loss_pre(outputs, batch, model, lr)
+    loss = loss_fn(loss_input)
+    loss_per_batch, extra_loss, trainable_vars = grad_pre(loss, outputs, batch, model, loss_fn, lr)
+    scaled = loss_per_batch / global_batch_size + extra_loss / num_replicas
+    gradients = all_reduce_sum(d scaled / d trainable_vars)
+    update_gradients, display_gradients = update_pre(gradients, loss, outputs, batch, model,
+                                                     loss_fn, lr, optimizer)
+    optimizer.apply_gradients(zip(update_gradients, trainable_vars))   # applied once
+    process_metrics(metrics, batch, outputs)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import gin
+import numpy as np
+import tensorflow as tf
+
+from tasks import callbacks as callbacks_lib
+from tasks import keras_compat
+
+
+def _batch_size(tree: Any) -> tf.Tensor:
+    """The leading dimension of the first tensor in a nested structure."""
+    return tf.shape(tf.nest.flatten(tree)[0])[0]
+
+
+@gin.configurable("Task", module="orbitask")
+class Task:
+    """Base class of every orbitask task. Subclass it and override what is unusual.
+
+    Required: `build_inputs`, `build_model`, `build_losses`. Everything else has the seed's default.
+
+    Args:
+      clip_norm: global-norm clipping of the all-reduced gradient in the default `update_pre`
+        (None disables clipping). Seed default 10.
+      optimizer_epsilon: epsilon of the default Nadam optimizer. Seed default 1e-3.
+      max_to_keep: checkpoints kept by the default `build_checkpoint`. Seed default 50.
+      keras_flavour: "keras" (Keras 3, `tf.keras`) or "tf_keras"; None follows the built model.
+      name: a name for logs.
+    """
+
+    def __init__(
+        self,
+        clip_norm: float | None = 10.0,
+        optimizer_epsilon: float = 1e-3,
+        max_to_keep: int = 50,
+        keras_flavour: str | None = None,
+        name: str | None = None,
+    ):
+        if clip_norm is not None and not clip_norm > 0:
+            raise ValueError(
+                f"`clip_norm` must be positive or None; received {clip_norm!r}. "
+                "Set Task.clip_norm in your .gin file."
+            )
+        if keras_flavour not in (None, *keras_compat.FLAVOURS):
+            raise ValueError(
+                f"`keras_flavour` must be None, 'keras' or 'tf_keras'; received {keras_flavour!r}."
+            )
+        self.clip_norm = clip_norm
+        self.optimizer_epsilon = optimizer_epsilon
+        self.max_to_keep = max_to_keep
+        self.keras_flavour = keras_flavour
+        self.name = name or type(self).__name__
+
+    # ----------------------------------------------------------------------------------------
+    # Builders: eager, called once by the runner inside `strategy.scope()`.
+
+    def build_inputs(
+        self,
+        per_replica_batch_size: int,
+        input_context: tf.distribute.InputContext | None = None,
+        training: bool = True,
+    ) -> tf.data.Dataset:
+        """Returns the dataset of one input pipeline, batched per replica. Runs eagerly.
+
+        Shard by `input_context.input_pipeline_id` when several pipelines exist (multi-worker).
+        A training dataset should repeat; a validation dataset should be finite.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement build_inputs().")
+
+    def make_batches(self, dataset: tf.data.Dataset, per_replica_batch_size: int):
+        """Custom batching applied to `build_inputs`' dataset (seed default: unchanged). Eager."""
+        del per_replica_batch_size
+        return dataset
+
+    def build_model(self) -> Any:
+        """Returns the model (a Keras model, or a dict of them). Eager, in strategy scope."""
+        raise NotImplementedError(f"{type(self).__name__} must implement build_model().")
+
+    def build_losses(self) -> Any:
+        """Returns `loss_fn` with `loss = loss_fn(loss_input)`: the SUM over the replica's batch."""
+        raise NotImplementedError(f"{type(self).__name__} must implement build_losses().")
+
+    def build_optimizer(self, learning_rate: Any) -> Any:
+        """Returns the optimizer; default `Nadam(learning_rate, epsilon=1e-3)` of the model's flavour.
+
+        The runner keeps the optimizer's rate equal to its checkpointed learning-rate variable.
+        """
+        return keras_compat.nadam(
+            learning_rate, self.optimizer_epsilon, self.keras_flavour or keras_compat.KERAS3
+        )
+
+    def build_checkpoint(
+        self, directory: str, **trackables: Any
+    ) -> tuple[tf.train.Checkpoint, tf.train.CheckpointManager]:
+        """Returns `(checkpoint, manager)` saving every trackable given, keeping `max_to_keep`."""
+        kept = {k: v for k, v in trackables.items() if _is_trackable(v)}
+        checkpoint = tf.train.Checkpoint(**kept)
+        manager = tf.train.CheckpointManager(checkpoint, directory, max_to_keep=self.max_to_keep)
+        return checkpoint, manager
+
+    def build_metrics(self, training: bool = True) -> list:
+        """Returns Keras metrics updated by `process_metrics` (default none). Eager, in scope."""
+        del training
+        return []
+
+    # ----------------------------------------------------------------------------------------
+    # Step stages: traced by tf.function, run per replica inside `strategy.run`.
+
+    def input_pre(self, batch: Any, lr: Any) -> Any:
+        """Model input from the batch (seed default: the first of an `(inputs, gt)` pair)."""
+        del lr
+        inputs, _ = batch
+        return inputs
+
+    def loss_pre(self, outputs: Any, batch: Any, model: Any, lr: Any) -> Any:
+        """Loss input (seed default: `(outputs, gt)`)."""
+        del model, lr
+        _, gt = batch
+        return outputs, gt
+
+    def grad_pre(self, loss, outputs, batch, model, loss_fn, lr):
+        """Returns `(loss_per_batch, extra_loss, trainable_vars)` (seed default: model.losses)."""
+        del outputs, batch, loss_fn, lr
+        extra = model.losses
+        extra_loss = tf.add_n([tf.cast(x, tf.float32) for x in extra]) if extra else 0.0
+        return loss, extra_loss, model.trainable_variables
+
+    def update_pre(self, gradients, loss, outputs, batch, model, loss_fn, lr, optimizer):
+        """Returns `(update_gradients, display_gradients)`: NaN -> 0, then global-norm clip.
+
+        Receives the gradient already summed over replicas, so clipping sees the global norm.
+        """
+        del loss, outputs, batch, model, loss_fn, lr, optimizer
+        non_nan = [
+            None if g is None else tf.where(tf.math.is_nan(g), tf.zeros_like(g), g)
+            for g in gradients
+        ]
+        if self.clip_norm is None:
+            return non_nan, non_nan
+        present = [g for g in non_nan if g is not None]
+        clipped, _ = tf.clip_by_global_norm(present, self.clip_norm)
+        it = iter(clipped)
+        update = [None if g is None else next(it) for g in non_nan]
+        return update, non_nan
+
+    def process_metrics(self, metrics: list, batch: Any, outputs: Any) -> None:
+        """Updates each metric with `(gt, outputs)` of an `(inputs, gt)` batch."""
+        if not metrics:
+            return
+        _, gt = batch
+        for metric in metrics:
+            metric.update_state(gt, outputs)
+
+    # ----------------------------------------------------------------------------------------
+    # Steps: per replica, inside `strategy.run`, under tf.function.
+
+    def train_step(
+        self,
+        batch: Any,
+        model: Any,
+        optimizer: Any,
+        metrics: list | None = None,
+        *,
+        loss_fn: Any,
+        lr: tf.Variable,
+        global_batch_size: int,
+    ) -> dict[str, tf.Tensor]:
+        """One optimizer update composed from the stages (see the module docstring).
+
+        Returns logs whose values the trainer averages over replicas: `loss` (the global batch's
+        mean loss plus regularisation, as one device would compute it) and `grad_norm` (global norm
+        of the display gradients).
+        """
+        replicas = tf.distribute.get_replica_context().num_replicas_in_sync
+        with tf.GradientTape() as tape:
+            inputs = self.input_pre(batch, lr)
+            outputs = model(inputs, training=True)
+            loss_input = self.loss_pre(outputs, batch, model, lr)
+            loss = loss_fn(loss_input)
+            loss_per_batch, extra_loss, trainable_vars = self.grad_pre(
+                loss, outputs, batch, model, loss_fn, lr
+            )
+            scaled = tf.cast(loss_per_batch, tf.float32) / float(global_batch_size) + tf.cast(
+                extra_loss, tf.float32
+            ) / float(replicas)
+        gradients = tape.gradient(scaled, trainable_vars)
+        gradients = all_reduce_sum(gradients)
+        update, display = self.update_pre(
+            gradients, loss, outputs, batch, model, loss_fn, lr, optimizer
+        )
+        keras_compat.apply_gradients(optimizer, update, trainable_vars)
+        self.process_metrics(metrics, batch, outputs)
+        present = [g for g in display if g is not None]
+        return {
+            "loss": scaled * float(replicas),
+            "grad_norm": tf.linalg.global_norm(present) if present else tf.constant(0.0),
+        }
+
+    def validation_step(
+        self, batch: Any, model: Any, metrics: list | None = None, *, loss_fn: Any, lr: Any
+    ) -> dict[str, tf.Tensor]:
+        """Forward pass and loss on one replica's batch; updates `metrics`.
+
+        Returns `{"loss": sum over the batch, "num_examples": batch size}`; the default
+        `aggregate_logs` sums these over replicas and steps, `reduce_aggregated_logs` divides.
+        """
+        inputs = self.input_pre(batch, lr)
+        outputs = model(inputs, training=False)
+        loss = loss_fn(self.loss_pre(outputs, batch, model, lr))
+        self.process_metrics(metrics, batch, outputs)
+        return {
+            "loss": tf.cast(loss, tf.float32),
+            "num_examples": tf.cast(_batch_size(inputs), tf.float32),
+        }
+
+    # ----------------------------------------------------------------------------------------
+    # Python-side metrics (Model Garden): eager, once per eval step / once per evaluation.
+
+    def aggregate_logs(self, state: Any, step_logs: Mapping[str, Any]) -> Any:
+        """Folds one eval step's logs into `state`. Eager.
+
+        `step_logs` maps each key of `validation_step`'s logs to a tuple with one value per
+        replica. Default: sums every key over replicas and steps.
+        """
+        state = dict(state or {})
+        for key, values in step_logs.items():
+            total = np.sum([np.asarray(v, dtype=np.float64) for v in values], axis=0)
+            state[key] = state.get(key, 0.0) + total
+        return state
+
+    def reduce_aggregated_logs(self, aggregated_logs: Any, global_step: int | None = None) -> dict:
+        """Turns the aggregated state into final eval logs. Eager.
+
+        Default: every summed key divided by `num_examples` (so `loss` is the mean loss).
+        """
+        del global_step
+        logs = dict(aggregated_logs or {})
+        count = logs.pop("num_examples", None)
+        if count:
+            logs = {k: v / count for k, v in logs.items()}
+        return {k: float(v) if np.ndim(v) == 0 else v for k, v in logs.items()}
+
+    # ----------------------------------------------------------------------------------------
+    # Host callbacks.
+
+    def every_steps(self) -> dict[int, Any]:
+        """`{N: callback or [callbacks]}` run after every N-th step. Default `{10: print_loss}`."""
+        return {10: callbacks_lib.print_loss}
+
+    def at_step(self) -> dict[int, Any]:
+        """`{N: callback or [callbacks]}` run once, after step N. Default none."""
+        return {}
+
+
+def all_reduce_sum(gradients: list) -> list:
+    """Sums gradients over replicas (replica context); None entries stay None."""
+    context = tf.distribute.get_replica_context()
+    present = [(i, g) for i, g in enumerate(gradients) if g is not None]
+    if not present or context.num_replicas_in_sync == 1:
+        return [tf.convert_to_tensor(g) if g is not None else None for g in gradients]
+    dense = [tf.convert_to_tensor(g) for _, g in present]
+    reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, dense)
+    out = list(gradients)
+    for (i, _), g in zip(present, reduced):
+        out[i] = g
+    return out
+
+
+def _is_trackable(value: Any) -> bool:
+    return isinstance(value, tf.__internal__.tracking.Trackable)

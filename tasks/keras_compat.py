@@ -1,0 +1,106 @@
+"""Keras flavour helpers: tell tf_keras (Keras 2) from Keras 3 and build matching objects.
+
+TF 2.20 ships Keras 3 as `tf.keras`; Model Garden and Orbit still use tf_keras. A model and its
+optimizer must come from the same flavour (a tf_keras optimizer on a Keras 3 model fails deep inside
+with `'Variable' object has no attribute '_unique_id'`), and the two flavours aggregate gradients
+across replicas differently. Everything flavour-specific lives here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+import tf_keras
+
+KERAS3 = "keras"
+TF_KERAS = "tf_keras"
+FLAVOURS = (KERAS3, TF_KERAS)
+
+
+def model_flavour(model: Any) -> str | None:
+    """Returns "keras" or "tf_keras" for a model (or the first model of a dict), else None.
+
+    Runs eagerly, once, when the runner builds the task's objects.
+    """
+    if isinstance(model, dict):
+        for value in model.values():
+            flavour = model_flavour(value)
+            if flavour:
+                return flavour
+        return None
+    if isinstance(model, tf_keras.Model):
+        return TF_KERAS
+    if isinstance(model, keras.Model):
+        return KERAS3
+    return None
+
+
+def optimizer_flavour(optimizer: Any) -> str | None:
+    """Returns "keras" or "tf_keras" for a Keras optimizer, else None (e.g. a plain tf.Module)."""
+    inner = getattr(optimizer, "inner_optimizer", None)  # LossScaleOptimizer wrappers.
+    if isinstance(optimizer, tf_keras.optimizers.Optimizer) or isinstance(
+        inner, tf_keras.optimizers.Optimizer
+    ):
+        return TF_KERAS
+    if isinstance(optimizer, keras.optimizers.Optimizer):
+        return KERAS3
+    return None
+
+
+def nadam(learning_rate: float, epsilon: float, flavour: str) -> Any:
+    """The seed's default optimizer, `Nadam(learning_rate, epsilon)`, from the given flavour."""
+    if flavour not in FLAVOURS:
+        raise ValueError(
+            f"`keras_flavour` must be one of {FLAVOURS}; received {flavour!r}. "
+            "Set it on your Task or leave it None to follow the model."
+        )
+    module = tf_keras if flavour == TF_KERAS else keras
+    return module.optimizers.Nadam(learning_rate=learning_rate, epsilon=epsilon)
+
+
+def check_matching(model: Any, optimizer: Any) -> None:
+    """Raises a one-line TypeError if model and optimizer come from different Keras flavours."""
+    m, o = model_flavour(model), optimizer_flavour(optimizer)
+    if m and o and m != o:
+        raise TypeError(
+            f"The model is a {m} model but the optimizer is a {o} optimizer "
+            f"({type(optimizer).__name__}); build the optimizer from `{m}.optimizers` "
+            "in your Task's build_optimizer (or create_opt)."
+        )
+
+
+def build_optimizer_slots(optimizer: Any, variables: list) -> None:
+    """Creates a Keras 3 optimizer's slots eagerly (it fails when built inside tf.function).
+
+    tf_keras optimizers are left to build lazily on the first step: built eagerly inside a
+    MirroredStrategy scope, tf_keras Nadam makes replicas diverge (DESIGN, known traps).
+    """
+    if optimizer_flavour(optimizer) == KERAS3 and not optimizer.built:
+        optimizer.build(variables)
+
+
+def learning_rate_variable(optimizer: Any) -> Any:
+    """The optimizer's own learning-rate variable, or None when it follows a schedule/callable."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    lr = getattr(inner, "_learning_rate", None)
+    if isinstance(lr, tf.Variable) or isinstance(lr, keras.Variable):
+        return lr
+    return None
+
+
+def apply_gradients(optimizer: Any, gradients: list, variables: list) -> None:
+    """Applies gradients that are already summed over replicas, exactly once.
+
+    Runs inside `strategy.run` (replica context, under tf.function). tf_keras is told to skip its
+    own all-reduce; Keras 3 always sums over replicas, so it receives `g / num_replicas`.
+    """
+    pairs = [(g, v) for g, v in zip(gradients, variables) if g is not None]
+    if optimizer_flavour(optimizer) == TF_KERAS:
+        optimizer.apply_gradients(pairs, skip_gradients_aggregation=True)
+        return
+    replicas = tf.distribute.get_replica_context().num_replicas_in_sync
+    if replicas > 1:
+        pairs = [(g / tf.cast(replicas, g.dtype), v) for g, v in pairs]
+    optimizer.apply_gradients(pairs)

@@ -1,0 +1,252 @@
+"""`run_experiment`: builds a Task's objects on a strategy and runs an `orbit.Controller`."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import gin
+import orbit
+import orbit.controller
+import tensorflow as tf
+from absl import logging
+
+from tasks import CallbackContext, keras_compat
+from trainers import inputs as inputs_lib
+from trainers.callback_runner import CallbackAction
+from trainers.progress import ProgressAction
+from trainers.strategies import build_strategy
+from trainers.trainer import TaskTrainer
+
+MODES = ("train", "eval", "train_and_eval", "continuous_eval")
+
+# Orbit prints a line to stdout after every device loop; the progress display replaces it, and
+# Orbit's messages still go to the absl log.
+orbit.controller._log = logging.info  # noqa: SLF001
+
+
+def _check_positive(name: str, value: Any, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"`{name}` must be a positive integer; received {value!r}. "
+            f"Set run_experiment.{name} in your experiment's .gin file or with --gin_params."
+        )
+
+
+@gin.configurable("run_experiment", module="orbitask")
+def run_experiment(
+    task: Any = gin.REQUIRED,
+    model_dir: str = gin.REQUIRED,
+    mode: str = "train_and_eval",
+    train_steps: int = gin.REQUIRED,
+    global_batch_size: int = 64,
+    learning_rate: float = 1e-3,
+    steps_per_loop: int = 100,
+    eval_interval: int | None = 500,
+    eval_steps: int | None = None,
+    checkpoint_interval: int | None = 100,
+    strategy: Any = "auto",
+    use_tf_while_loop: bool = True,
+    progress: bool = True,
+    continuous_eval_timeout: float | None = None,
+) -> dict:
+    """Trains and/or evaluates `task`, writing checkpoints and summaries under `model_dir`.
+
+    Eager. Builds the strategy, then inside its scope the task's model, loss, optimizer, metrics
+    and checkpoint; restores the latest checkpoint; runs an `orbit.Controller`.
+
+    Args:
+      task: a `tasks.Task`.
+      model_dir: checkpoints go here, summaries under `train/` and `eval/`.
+      mode: "train", "eval", "train_and_eval" or "continuous_eval".
+      train_steps: the global step training stops at.
+      global_batch_size: one step's batch over all replicas; `build_inputs` gets
+        `global_batch_size / num_replicas_in_sync`.
+      learning_rate: initial value of the checkpointed learning-rate variable.
+      steps_per_loop: the longest device loop; loops also end where a callback is due.
+      eval_interval: train steps between evaluations in train_and_eval (None: only at the end).
+      eval_steps: validation steps per evaluation; None runs the whole validation dataset.
+      checkpoint_interval: steps between checkpoints (also saved at the end).
+      strategy: a name ("auto", "one_device", "mirrored", ...) or a `tf.distribute.Strategy`.
+      use_tf_while_loop: run each device loop as one `tf.while_loop`.
+      progress: show the progress display.
+      continuous_eval_timeout: seconds to wait for a new checkpoint in continuous_eval.
+
+    Returns:
+      `{"train": last train logs, "eval": last eval logs}` (Python floats / NumPy arrays).
+
+    Raises:
+      ValueError: for a bad setting, before any work.
+    """
+    if mode not in MODES:
+        raise ValueError(
+            f"`mode` must be one of {', '.join(MODES)}; received {mode!r}. Use --mode."
+        )
+    _check_positive("train_steps", train_steps)
+    _check_positive("global_batch_size", global_batch_size)
+    _check_positive("steps_per_loop", steps_per_loop)
+    _check_positive("eval_interval", eval_interval, allow_none=True)
+    _check_positive("eval_steps", eval_steps, allow_none=True)
+    _check_positive("checkpoint_interval", checkpoint_interval, allow_none=True)
+    if not isinstance(model_dir, str) or not model_dir:
+        raise ValueError(f"`model_dir` must be a non-empty path; received {model_dir!r}.")
+
+    strategy = build_strategy(strategy)
+    replicas = strategy.num_replicas_in_sync
+    if global_batch_size % replicas:
+        raise ValueError(
+            f"`global_batch_size` ({global_batch_size}) must be divisible by the number of "
+            f"replicas ({replicas}). Change run_experiment.global_batch_size."
+        )
+    training = mode in ("train", "train_and_eval")
+    evaluating = mode != "train"
+    tf.io.gfile.makedirs(model_dir)
+
+    with strategy.scope():
+        model = task.build_model()
+        if task.keras_flavour is None:
+            task.keras_flavour = keras_compat.model_flavour(model) or keras_compat.KERAS3
+        loss_fn = task.build_losses()
+        global_step = orbit.utils.create_global_step()
+        lr = tf.Variable(
+            float(learning_rate),
+            trainable=False,
+            dtype=tf.float32,
+            name="learning_rate",
+            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+        )
+        optimizer = task.build_optimizer(float(learning_rate))
+        keras_compat.check_matching(model, optimizer)
+        train_metrics = task.build_metrics(training=True) if training else []
+        eval_metrics = task.build_metrics(training=False) if evaluating else []
+        train_iterator = None
+        if training:
+            keras_compat.build_optimizer_slots(optimizer, _trainable_variables(model))
+            train_iterator = inputs_lib.train_iterator(task, strategy, global_batch_size)
+        checkpoint, manager = _build_checkpoint(
+            task, model_dir, global_step, lr, optimizer, model, loss_fn, train_iterator,
+            checkpoint_interval,
+        )
+    eval_dataset = (
+        inputs_lib.eval_dataset(task, strategy, global_batch_size) if evaluating else None
+    )
+    trainer = TaskTrainer(
+        task=task,
+        strategy=strategy,
+        model=model,
+        optimizer=optimizer,
+        loss_fn=loss_fn,
+        lr=lr,
+        global_step=global_step,
+        global_batch_size=global_batch_size,
+        train_iterator=train_iterator,
+        eval_dataset=eval_dataset,
+        train_metrics=train_metrics,
+        eval_metrics=eval_metrics,
+        use_tf_while_loop=use_tf_while_loop,
+    )
+    _write_operative_config(model_dir)
+
+    train_summaries = orbit.utils.SummaryManager(
+        os.path.join(model_dir, "train"), tf.summary.scalar, global_step=global_step
+    )
+    eval_summaries = orbit.utils.SummaryManager(
+        os.path.join(model_dir, "eval"), tf.summary.scalar, global_step=global_step
+    )
+    results: dict = {"train": {}, "eval": {}}
+
+    def make_context(step, logs):
+        return CallbackContext(
+            step=step,
+            logs=dict(logs),
+            lr=lr,
+            optimizer=optimizer,
+            model=model,
+            loss_fn=loss_fn,
+            checkpoint=checkpoint,
+            manager=manager,
+            strategy=strategy,
+            summary_writer=train_summaries.summary_writer(),
+        )
+
+    callbacks = CallbackAction(task, global_step, make_context, train_summaries.summary_writer())
+    progress_action = ProgressAction(global_step, train_steps) if progress else None
+    train_actions = [callbacks, lambda out: results.__setitem__("train", dict(out))]
+    if progress_action:
+        train_actions.append(progress_action)
+
+    def loop_length(step: int) -> int:
+        bounds = [steps_per_loop]
+        due = callbacks.steps_until_due(step)
+        if due:
+            bounds.append(due)
+        if checkpoint_interval:
+            bounds.append(checkpoint_interval - step % checkpoint_interval)
+        return max(1, min(bounds))
+
+    controller = orbit.Controller(
+        global_step=global_step,
+        trainer=trainer if training else None,
+        evaluator=trainer if evaluating else None,
+        strategy=strategy,
+        train_actions=train_actions,
+        eval_actions=[lambda out: results.__setitem__("eval", dict(out))],
+        steps_per_loop=loop_length,
+        checkpoint_manager=manager,
+        summary_manager=train_summaries,
+        eval_summary_manager=eval_summaries,
+    )
+    eval_steps_arg = eval_steps or -1
+    if progress_action:
+        progress_action.start()
+    if mode == "train":
+        controller.train(train_steps)
+    elif mode == "train_and_eval":
+        controller.train_and_evaluate(train_steps, eval_steps_arg, eval_interval)
+    elif mode == "eval":
+        controller.evaluate(eval_steps_arg)
+    else:
+        controller.evaluate_continuously(
+            eval_steps_arg,
+            timeout=continuous_eval_timeout,
+            timeout_fn=lambda: int(global_step.numpy()) >= train_steps,
+        )
+    train_summaries.flush()
+    eval_summaries.flush()
+    print(f"orbitask: checkpoints in {model_dir}; TensorBoard: tensorboard --logdir {model_dir}")
+    return results
+
+
+def _trainable_variables(model: Any) -> list:
+    models = model.values() if isinstance(model, dict) else [model]
+    return [v for m in models for v in m.trainable_variables]
+
+
+def _build_checkpoint(
+    task, model_dir, global_step, lr, optimizer, model, loss_fn, train_iterator, interval
+):
+    """The task's checkpoint plus the input position, saved every `interval` steps."""
+    trackables = dict(step=global_step, lr=lr, optimizer=optimizer, train_model=model)
+    trackables["train_loss"] = loss_fn
+    checkpoint, manager = task.build_checkpoint(model_dir, **trackables)
+    if train_iterator is not None:
+        checkpoint.train_iterator = train_iterator
+    if manager.checkpoint_interval != interval or manager._step_counter is None:  # noqa: SLF001
+        manager = tf.train.CheckpointManager(
+            checkpoint,
+            manager.directory,
+            max_to_keep=manager._max_to_keep,  # noqa: SLF001
+            step_counter=global_step,
+            checkpoint_interval=interval,
+        )
+    return checkpoint, manager
+
+
+def _write_operative_config(model_dir: str) -> None:
+    """Writes gin's operative config (what this run actually used) into the model directory."""
+    text = gin.operative_config_str()
+    if text.strip():
+        with tf.io.gfile.GFile(os.path.join(model_dir, "operative_config.gin"), "w") as f:
+            f.write(text)

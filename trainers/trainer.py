@@ -1,0 +1,230 @@
+"""`TaskTrainer`: the Orbit trainer and evaluator that run a Task's steps under `strategy.run`.
+
+Hook order, as the Controller drives it::
+
+    train(num_steps):                           # one device loop, num_steps from steps_per_loop
+      train_loop_begin()                        # eager: sync lr -> optimizer, reset metrics,
+                                                #   rebuild the step fn if trainable vars changed
+      repeat num_steps times (tf.while_loop in one tf.function):
+        batches = [next(train_iterator) for each local replica]   # plain, checkpointed iterator
+        logs = strategy.run(task.train_step, replica r gets batches[r])
+        global_step += 1
+      return train_loop_end(last logs)          # eager: means over replicas, metric results, lr
+    # then the Controller's actions: host callbacks (every_steps / at_step), progress, checkpoint
+
+    evaluate(num_steps or -1):
+      eval_begin()                              # reset eval metrics
+      each step: logs = strategy.run(task.validation_step)     # tf.function
+                 state = task.aggregate_logs(state, per-replica logs)   # eager
+      eval_end(state) = task.reduce_aggregated_logs(state) + metric results
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import orbit
+import tensorflow as tf
+
+from tasks import keras_compat
+
+
+class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
+    """Runs a `tasks.Task`'s `train_step` / `validation_step` on a strategy.
+
+    Args:
+      task: the Task.
+      strategy: the strategy every object below was built under.
+      model, optimizer, loss_fn: the task's built objects.
+      lr: the checkpointed learning-rate variable; copied into the optimizer at each loop begin.
+      global_step: int64 variable incremented once per train step.
+      global_batch_size: the batch of one step summed over replicas.
+      train_iterator: a plain `tf.data` iterator yielding one per-replica batch per `next`; each
+        step takes one batch per local replica, so it can be checkpointed (exact resume).
+      eval_dataset: a distributed dataset for `validation_step`, or None.
+      train_metrics, eval_metrics: Keras metrics built by the task.
+      use_tf_while_loop: run each device loop as one `tf.while_loop` (default) or a Python loop.
+    """
+
+    def __init__(
+        self,
+        *,
+        task: Any,
+        strategy: tf.distribute.Strategy,
+        model: Any,
+        optimizer: Any,
+        loss_fn: Any,
+        lr: tf.Variable,
+        global_step: tf.Variable,
+        global_batch_size: int,
+        train_iterator: Any = None,
+        eval_dataset: Any = None,
+        train_metrics: list | None = None,
+        eval_metrics: list | None = None,
+        use_tf_while_loop: bool = True,
+    ):
+        self.task = task
+        self.strategy = strategy
+        self.model = model
+        self.optimizer = optimizer
+        self.loss_fn = loss_fn
+        self.lr = lr
+        self.global_step = global_step
+        self.global_batch_size = global_batch_size
+        self.train_metrics = list(train_metrics or [])
+        self.eval_metrics = list(eval_metrics or [])
+        self._use_tf_while_loop = use_tf_while_loop
+        self._local_replicas = strategy.extended.worker_devices
+        self._trainable_signature = None
+        orbit.StandardTrainer.__init__(
+            self,
+            None,
+            options=orbit.StandardTrainerOptions(use_tf_while_loop=use_tf_while_loop),
+        )
+        self._train_iter = train_iterator
+        if eval_dataset is not None:
+            orbit.StandardEvaluator.__init__(
+                self,
+                eval_dataset,
+                options=orbit.StandardEvaluatorOptions(use_tf_while_loop=False),
+            )
+
+    # ---------------------------------------------------------------------------- training
+
+    def train(self, num_steps: tf.Tensor) -> dict:
+        """Runs `num_steps` train steps as one device loop; returns the last step's logs."""
+        self.train_loop_begin()
+        if self._train_loop_fn is None:
+            self._train_loop_fn = self.create_train_loop_fn()
+        logs = self._train_loop_fn(self._train_iter, num_steps)
+        return self.train_loop_end(logs)
+
+    def create_train_loop_fn(self):
+        """A tf.function running `num_steps` steps and returning the last step's logs."""
+        step = self.train_step
+
+        if not self._use_tf_while_loop:
+            step_fn = tf.function(step)
+
+            def python_loop(iterator, num_steps):
+                logs = step_fn(iterator)
+                for _ in range(int(num_steps) - 1):
+                    logs = step_fn(iterator)
+                return logs
+
+            return python_loop
+
+        @tf.function
+        def loop(iterator, num_steps):
+            logs = step(iterator)
+            for _ in tf.range(num_steps - 1):
+                logs = step(iterator)
+            return logs
+
+        return loop
+
+    def train_loop_begin(self):
+        """Eager, before each device loop: lr into the optimizer, metrics reset, retrace check."""
+        opt_lr = keras_compat.learning_rate_variable(self.optimizer)
+        if opt_lr is not None:
+            opt_lr.assign(tf.cast(self.lr, opt_lr.dtype))
+        for metric in self.train_metrics:
+            metric.reset_state()
+        signature = _trainable_signature(self.model)
+        if signature != self._trainable_signature:
+            # A callback froze or unfroze layers: retrace so the step trains the new set.
+            self._trainable_signature = signature
+            self._train_loop_fn = None
+
+    def train_step(self, iterator):
+        """One distributed step (cross-replica context, traced)."""
+        batch = self._next_replica_batches(iterator)
+        logs = self.strategy.run(self._replica_train_step, args=(batch,))
+        logs = {
+            k: self.strategy.reduce(tf.distribute.ReduceOp.MEAN, v, axis=None)
+            for k, v in logs.items()
+        }
+        self.global_step.assign_add(1)
+        return logs
+
+    def _replica_train_step(self, batch):
+        return self.task.train_step(
+            batch,
+            self.model,
+            self.optimizer,
+            self.train_metrics,
+            loss_fn=self.loss_fn,
+            lr=self.lr,
+            global_batch_size=self.global_batch_size,
+        )
+
+    def _next_replica_batches(self, iterator):
+        """Takes one element of the plain iterator per local replica; replica r gets the r-th."""
+        count = len(self._local_replicas)
+        if count == 1:
+            return next(iterator)
+        batches = [next(iterator) for _ in range(count)]
+        offset = _first_local_replica_id(self.strategy)
+        return self.strategy.experimental_distribute_values_from_function(
+            lambda ctx: batches[ctx.replica_id_in_sync_group - offset]
+        )
+
+    def train_loop_end(self, logs=None) -> dict:
+        """Eager: the last step's logs, the train metrics and the learning rate, as floats."""
+        out = {k: _to_python(v) for k, v in (logs or {}).items()}
+        for metric in self.train_metrics:
+            out[metric.name] = _to_python(metric.result())
+        out["learning_rate"] = float(self.lr.numpy())
+        return out
+
+    # -------------------------------------------------------------------------- evaluation
+
+    def eval_begin(self):
+        """Eager: resets eval metrics; returns the empty aggregation state."""
+        for metric in self.eval_metrics:
+            metric.reset_state()
+        return {}
+
+    def eval_step(self, iterator):
+        """One distributed validation step; returns per-replica logs as tuples (traced)."""
+        batch = next(iterator)
+        logs = self.strategy.run(self._replica_eval_step, args=(batch,))
+        return tf.nest.map_structure(self.strategy.experimental_local_results, logs)
+
+    def _replica_eval_step(self, batch):
+        return self.task.validation_step(
+            batch, self.model, self.eval_metrics, loss_fn=self.loss_fn, lr=self.lr
+        )
+
+    def eval_reduce(self, state=None, step_outputs=None):
+        """Eager: folds one step into the state with the task's `aggregate_logs`."""
+        return self.task.aggregate_logs(state, step_outputs)
+
+    def eval_end(self, state=None) -> dict:
+        """Eager: the task's reduced logs plus Keras metric results."""
+        step = int(self.global_step.numpy())
+        logs = dict(self.task.reduce_aggregated_logs(state, global_step=step) or {})
+        for metric in self.eval_metrics:
+            logs[metric.name] = _to_python(metric.result())
+        return logs
+
+
+def _trainable_signature(model: Any) -> tuple:
+    models = model.values() if isinstance(model, dict) else [model]
+    return tuple(id(v) for m in models for v in getattr(m, "trainable_variables", []))
+
+
+def _first_local_replica_id(strategy: tf.distribute.Strategy) -> int:
+    """The global id of this worker's first replica (0 on one machine)."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not resolver.cluster_spec().as_dict():
+        return 0
+    task_id = resolver.task_id or 0
+    return task_id * len(strategy.extended.worker_devices)
+
+
+def _to_python(value: Any) -> Any:
+    value = value.numpy() if hasattr(value, "numpy") else value
+    array = np.asarray(value)
+    return float(array) if array.ndim == 0 else array
