@@ -104,7 +104,7 @@ class Task:
         raise NotImplementedError(f"{type(self).__name__} must implement build_losses().")
 
     def build_optimizer(self, learning_rate: Any) -> Any:
-        """Returns the optimizer; default `Nadam(learning_rate, epsilon=1e-3)` of the model's flavour.
+        """Returns the optimizer: `Nadam(learning_rate, epsilon=1e-3)` of the model's flavour.
 
         The runner keeps the optimizer's rate equal to its checkpointed learning-rate variable.
         """
@@ -284,7 +284,7 @@ def all_reduce_sum(gradients: list) -> list:
     dense = [tf.convert_to_tensor(g) for _, g in present]
     reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, dense)
     out = list(gradients)
-    for (i, _), g in zip(present, reduced):
+    for (i, _), g in zip(present, reduced, strict=True):
         out[i] = g
     return out
 

@@ -1,6 +1,6 @@
 """Host-side step callbacks: the context they receive and the seed's default callbacks.
 
-`every_steps[N]` callbacks run after every step that is a multiple of N, `at_step[N]` callbacks once,
+`every_steps[N]` callbacks run after every step that is a multiple of N, `at_step[N]` ones once,
 after step N. They run eagerly, in Python, between device loops (the trainer ends each device loop
 exactly where a callback is due), under the train summary writer with the global step set and
 summaries recorded, so a plain `tf.summary.scalar(name, value)` lands in TensorBoard.

@@ -40,7 +40,8 @@ class DigitsClassification(Task):
       l2: L2 regularisation of the hidden kernels (lands in `model.losses`).
       shuffle_buffer: training shuffle buffer (the whole train split by default).
       seed: seed of the split and the shuffle.
-      **task_kwargs: passed to `Task`.
+
+    The seed's defaults (clip_norm, optimizer_epsilon, ...) are bound on `orbitask.Task`.
     """
 
     def __init__(
@@ -49,9 +50,8 @@ class DigitsClassification(Task):
         l2: float = 0.0,
         shuffle_buffer: int = 2048,
         seed: int = 0,
-        **task_kwargs,
     ):
-        super().__init__(**task_kwargs)
+        super().__init__()
         self.hidden_units = tuple(hidden_units)
         self.l2 = l2
         self.shuffle_buffer = shuffle_buffer

@@ -96,7 +96,7 @@ def apply_gradients(optimizer: Any, gradients: list, variables: list) -> None:
     Runs inside `strategy.run` (replica context, under tf.function). tf_keras is told to skip its
     own all-reduce; Keras 3 always sums over replicas, so it receives `g / num_replicas`.
     """
-    pairs = [(g, v) for g, v in zip(gradients, variables) if g is not None]
+    pairs = [(g, v) for g, v in zip(gradients, variables, strict=True) if g is not None]
     if optimizer_flavour(optimizer) == TF_KERAS:
         optimizer.apply_gradients(pairs, skip_gradients_aggregation=True)
         return

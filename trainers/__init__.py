@@ -1,7 +1,11 @@
 """orbitask trainers: the Orbit trainer/evaluator, strategies and the experiment runner."""
 
-from trainers.runner import run_experiment
-from trainers.strategies import build_strategy, logical_cpus
-from trainers.trainer import TaskTrainer
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # hide TensorFlow's C++ INFO lines
+
+from trainers.runner import run_experiment  # noqa: E402
+from trainers.strategies import build_strategy, logical_cpus  # noqa: E402
+from trainers.trainer import TaskTrainer  # noqa: E402
 
 __all__ = ["TaskTrainer", "build_strategy", "logical_cpus", "run_experiment"]

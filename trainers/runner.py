@@ -14,6 +14,7 @@ from absl import logging
 from tasks import CallbackContext, keras_compat
 from trainers import inputs as inputs_lib
 from trainers.callback_runner import CallbackAction
+from trainers.errors import ConfigError
 from trainers.progress import ProgressAction
 from trainers.strategies import build_strategy
 from trainers.trainer import TaskTrainer
@@ -80,6 +81,39 @@ def run_experiment(
     Raises:
       ValueError: for a bad setting, before any work.
     """
+    try:
+        execute = _setup(**locals())
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as e:
+        # Everything before the first step is configuration: report it as one line.
+        raise ConfigError(" ".join(str(e).split())) from e
+    return execute()
+
+
+def _setup(
+    task,
+    model_dir,
+    mode,
+    train_steps,
+    global_batch_size,
+    learning_rate,
+    steps_per_loop,
+    eval_interval,
+    eval_steps,
+    checkpoint_interval,
+    strategy,
+    use_tf_while_loop,
+    progress,
+    continuous_eval_timeout,
+):
+    """Validates settings and builds every object; returns `execute()` that runs the mode."""
+    for name, value in (("task", task), ("model_dir", model_dir), ("train_steps", train_steps)):
+        if value is gin.REQUIRED:
+            raise ValueError(
+                f"`{name}` is required and not set: bind it in your experiment's .gin file "
+                "(TASK, TRAIN_STEPS) or pass it to run_experiment."
+            )
     if mode not in MODES:
         raise ValueError(
             f"`mode` must be one of {', '.join(MODES)}; received {mode!r}. Use --mode."
@@ -126,7 +160,14 @@ def run_experiment(
             keras_compat.build_optimizer_slots(optimizer, _trainable_variables(model))
             train_iterator = inputs_lib.train_iterator(task, strategy, global_batch_size)
         checkpoint, manager = _build_checkpoint(
-            task, model_dir, global_step, lr, optimizer, model, loss_fn, train_iterator,
+            task,
+            model_dir,
+            global_step,
+            lr,
+            optimizer,
+            model,
+            loss_fn,
+            train_iterator,
             checkpoint_interval,
         )
     eval_dataset = (
@@ -199,24 +240,28 @@ def run_experiment(
         eval_summary_manager=eval_summaries,
     )
     eval_steps_arg = eval_steps or -1
-    if progress_action:
-        progress_action.start()
-    if mode == "train":
-        controller.train(train_steps)
-    elif mode == "train_and_eval":
-        controller.train_and_evaluate(train_steps, eval_steps_arg, eval_interval)
-    elif mode == "eval":
-        controller.evaluate(eval_steps_arg)
-    else:
-        controller.evaluate_continuously(
-            eval_steps_arg,
-            timeout=continuous_eval_timeout,
-            timeout_fn=lambda: int(global_step.numpy()) >= train_steps,
-        )
-    train_summaries.flush()
-    eval_summaries.flush()
-    print(f"orbitask: checkpoints in {model_dir}; TensorBoard: tensorboard --logdir {model_dir}")
-    return results
+
+    def execute() -> dict:
+        if progress_action:
+            progress_action.start()
+        if mode == "train":
+            controller.train(train_steps)
+        elif mode == "train_and_eval":
+            controller.train_and_evaluate(train_steps, eval_steps_arg, eval_interval)
+        elif mode == "eval":
+            controller.evaluate(eval_steps_arg)
+        else:
+            controller.evaluate_continuously(
+                eval_steps_arg,
+                timeout=continuous_eval_timeout,
+                timeout_fn=lambda: int(global_step.numpy()) >= train_steps,
+            )
+        train_summaries.flush()
+        eval_summaries.flush()
+        print(f"orbitask: checkpoints in {model_dir}; TensorBoard: --logdir {model_dir}")
+        return results
+
+    return execute
 
 
 def _trainable_variables(model: Any) -> list:
@@ -233,14 +278,17 @@ def _build_checkpoint(
     checkpoint, manager = task.build_checkpoint(model_dir, **trackables)
     if train_iterator is not None:
         checkpoint.train_iterator = train_iterator
-    if manager.checkpoint_interval != interval or manager._step_counter is None:  # noqa: SLF001
-        manager = tf.train.CheckpointManager(
-            checkpoint,
-            manager.directory,
-            max_to_keep=manager._max_to_keep,  # noqa: SLF001
-            step_counter=global_step,
-            checkpoint_interval=interval,
-        )
+    # Re-made so Orbit saves every `interval` steps with the global step as the number (a
+    # manager without an interval is never saved by the Controller), keeping the task's policy.
+    manager = tf.train.CheckpointManager(
+        checkpoint,
+        manager.directory,
+        max_to_keep=manager._max_to_keep,  # noqa: SLF001
+        keep_checkpoint_every_n_hours=manager._keep_checkpoint_every_n_hours,  # noqa: SLF001
+        checkpoint_name=os.path.basename(manager._checkpoint_prefix),  # noqa: SLF001
+        step_counter=global_step,
+        checkpoint_interval=interval,
+    )
     return checkpoint, manager
 
 

@@ -11,7 +11,7 @@ def build_strategy(strategy: str | tf.distribute.Strategy = "auto") -> tf.distri
     """Returns the strategy named by `strategy`, or `strategy` itself if it is one. Eager.
 
     `auto`: MirroredStrategy over all GPUs when there are several, else one device (GPU or CPU).
-    `mirrored`: all GPUs, else all logical CPU devices (see `tf.config.set_logical_device_configuration`;
+    `mirrored`: all GPUs, else all logical CPU devices (`trainers.logical_cpus`;
     `official.common.distribute_utils` would ignore logical CPUs). `one_device`: the first GPU,
     else the CPU. `multi_worker_mirrored` reads TF_CONFIG.
 

@@ -1,0 +1,96 @@
+"""Each default stage does what the seed says."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+
+from tasks import Task
+from tests.helpers import Recorder, TinyTask
+from trainers import run_experiment
+
+
+def test_update_pre_zeroes_nan_then_clips_global_norm_at_10():
+    task = Task()
+    g1 = tf.constant([np.nan, 12.0, 0.0])
+    g2 = tf.constant([[16.0, np.nan]])
+    update, display = task.update_pre([g1, g2, None], None, None, None, None, None, None, None)
+    np.testing.assert_array_equal(display[0], [0.0, 12.0, 0.0])
+    np.testing.assert_array_equal(display[1], [[16.0, 0.0]])
+    assert display[2] is None and update[2] is None
+    # Global norm of the non-NaN gradients is 20, so everything scales by 10/20.
+    np.testing.assert_allclose(update[0], [0.0, 6.0, 0.0], rtol=1e-6)
+    np.testing.assert_allclose(update[1], [[8.0, 0.0]], rtol=1e-6)
+    assert tf.linalg.global_norm(update[:2]).numpy() == pytest.approx(10.0)
+
+
+def test_update_pre_leaves_small_gradients_alone():
+    update, _ = Task().update_pre([tf.constant([3.0, 4.0])], *[None] * 7)
+    np.testing.assert_array_equal(update[0], [3.0, 4.0])
+
+
+@pytest.mark.parametrize("flavour,module", [("keras", keras), ("tf_keras", tf_keras)])
+def test_default_optimizer_is_nadam_eps_1e3_of_the_model_flavour(flavour, module):
+    task = Task(keras_flavour=flavour)
+    opt = task.build_optimizer(0.01)
+    assert isinstance(opt, module.optimizers.Nadam)
+    assert opt.epsilon == pytest.approx(1e-3)
+
+
+def test_default_checkpoint_keeps_50(tmp_path):
+    step = tf.Variable(0, dtype=tf.int64)
+    ckpt, manager = Task().build_checkpoint(str(tmp_path), step=step, not_trackable=object())
+    for i in range(53):
+        step.assign(i)
+        manager.save()
+    assert len(manager.checkpoints) == 50
+    assert len(tf.io.gfile.glob(str(tmp_path / "ckpt-*.index"))) == 50
+    assert "not_trackable" not in str(ckpt._checkpoint_dependencies)  # noqa: SLF001
+
+
+def test_default_input_and_loss_split_of_a_pair():
+    task = TinyTask()
+    model = task.build_model()
+    x, y = tf.ones((2, 6)), tf.constant([0, 1])
+    assert task.input_pre((x, y), None) is x
+    out = model(x)
+    loss_input = task.loss_pre(out, (x, y), model, None)
+    assert loss_input[0] is out and loss_input[1] is y
+    loss_per_batch, extra, variables = task.grad_pre(
+        tf.constant(3.0), out, (x, y), model, None, None
+    )
+    assert float(loss_per_batch) == 3.0
+    assert float(extra) == pytest.approx(float(tf.add_n(model.losses)))
+    assert variables == model.trainable_variables
+    with pytest.raises(ValueError):
+        task.input_pre((x, y, y), None)
+
+
+class NanFirstBatch(TinyTask):
+    """The first example of the data is NaN: its gradients are NaN on the first step."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.x = self.x.copy()
+        self.x[0, :] = np.nan
+        self.recorder = Recorder()
+
+    def every_steps(self):
+        return {1: self.recorder}
+
+
+def test_nan_gradients_are_zeroed_and_the_step_is_taken(tmp_path):
+    task = NanFirstBatch(l2=0.0)
+    run_experiment(
+        task, str(tmp_path), mode="train", train_steps=3, global_batch_size=8,
+        steps_per_loop=1, progress=False, strategy="one_device",
+    )
+    steps = [s for s, _ in task.recorder.calls]
+    assert steps == [1, 2, 3]
+    assert np.isnan(task.recorder.calls[0][1]["loss"])  # the NaN really reached the loss
+    assert np.isfinite(task.recorder.calls[1][1]["loss"])
+    ckpt = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(tmp_path)))
+    for name in ckpt.get_variable_to_shape_map():
+        if name.startswith("train_model"):
+            assert np.all(np.isfinite(ckpt.get_tensor(name))), name

@@ -1,0 +1,5 @@
+"""`ConfigError`: a user mistake found before any work, shown by the binary as one line."""
+
+
+class ConfigError(ValueError):
+    """A bad setting (gin binding, flag, dataset shape, ...), detected before the first step."""

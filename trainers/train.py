@@ -1,0 +1,132 @@
+"""The orbitask binary: parse flags, parse gin, call the runner.
+
+    orbitask --gin_file=experiments/digits.gin --model_dir=/tmp/digits [--mode=train_and_eval]
+    python -m trainers.train ...   # the same binary
+
+A user mistake (bad flag, gin typo, bad setting) prints one line on stderr and exits with 2.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from absl import flags
+
+EXIT_USAGE = 2
+
+FLAGS = flags.FlagValues()
+flags.DEFINE_multi_string("gin_file", [], "Gin config file(s), in order.", flag_values=FLAGS)
+flags.DEFINE_multi_string(
+    "gin_params", [], "Gin bindings, e.g. 'TRAIN_STEPS = 100'.", flag_values=FLAGS
+)
+flags.DEFINE_string("model_dir", None, "Checkpoints and summaries go here.", flag_values=FLAGS)
+flags.DEFINE_enum(
+    "mode",
+    "train_and_eval",
+    ["train", "eval", "train_and_eval", "continuous_eval"],
+    "What to run.",
+    flag_values=FLAGS,
+)
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _fail(message: str) -> int:
+    first = str(message).strip().splitlines()[0] if str(message).strip() else "error"
+    print(f"orbitask: error: {first}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def parse_gin(gin_files: list[str], gin_params: list[str]) -> None:
+    """Parses gin files and bindings with the repository root on gin's search path.
+
+    Raises:
+      ConfigError: naming the binding or file that is wrong.
+    """
+    import gin
+
+    import tasks  # noqa: F401  (registers the configurables)
+    import trainers  # noqa: F401
+    from trainers.errors import ConfigError
+
+    for path in (os.getcwd(), REPO_ROOT):
+        gin.add_config_file_search_path(path)
+    for path in gin_files:
+        if not os.path.exists(path) and not os.path.exists(os.path.join(REPO_ROOT, path)):
+            raise ConfigError(f"--gin_file {path!r} does not exist.")
+    try:
+        gin.parse_config_files_and_bindings(gin_files, gin_params, finalize_config=False)
+    except (ValueError, KeyError, TypeError, SyntaxError, OSError, ImportError) as e:
+        raise ConfigError(f"bad gin config: {_one_line(e)}") from e
+
+
+def build_task():
+    """Constructs the task bound to `run_experiment.task` (the TASK macro).
+
+    Raises:
+      ConfigError: when it is unbound or its constructor rejects a binding.
+    """
+    import gin
+
+    from trainers.errors import ConfigError
+
+    try:
+        ref = gin.query_parameter("orbitask.run_experiment.task")
+    except ValueError as e:
+        raise ConfigError("no task: set TASK = @YourTask() in your experiment's .gin file") from e
+    try:
+        task = ref.scoped_configurable_fn() if hasattr(ref, "scoped_configurable_fn") else ref
+        while hasattr(task, "scoped_configurable_fn"):  # a macro naming a reference
+            task = task.scoped_configurable_fn()
+    except (ValueError, TypeError, RuntimeError) as e:
+        raise ConfigError(f"bad gin config: {_one_line(e)}") from e
+    if task is gin.REQUIRED:
+        raise ConfigError("no task: set TASK = @YourTask() in your experiment's .gin file")
+    return task
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return text or type(error).__name__
+
+
+def main(argv: list[str]) -> int:
+    """Runs the binary on `argv` (without the program name); returns the exit status."""
+    try:
+        FLAGS(["orbitask", *argv])
+    except flags.Error as e:
+        return _fail(f"{e}. See `orbitask --helpfull`.")
+    if not FLAGS.gin_file:
+        return _fail("--gin_file is required, e.g. --gin_file=experiments/digits.gin")
+    if not FLAGS.model_dir:
+        return _fail("--model_dir is required: where checkpoints and summaries go.")
+
+    import gin
+
+    from trainers.errors import ConfigError
+    from trainers.runner import run_experiment
+
+    try:
+        parse_gin(FLAGS.gin_file, FLAGS.gin_params)
+        task = build_task()
+        run_experiment(task=task, model_dir=FLAGS.model_dir, mode=FLAGS.mode)
+    except ConfigError as e:
+        return _fail(str(e))
+    except RuntimeError as e:
+        # gin raises RuntimeError for a required parameter that no file binds.
+        if "gin.REQUIRED" in str(e) or "Required bindings" in str(e):
+            return _fail(f"bad gin config: {_one_line(e)}")
+        raise
+    finally:
+        gin.clear_config()
+    return 0
+
+
+def run() -> None:
+    """Console-script entry point (`orbitask`)."""
+    sys.exit(main(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    run()
