@@ -81,6 +81,18 @@ def build_optimizer_slots(optimizer: Any, variables: list) -> None:
         optimizer.build(variables)
 
 
+def refresh_tracking(optimizer: Any) -> None:
+    """Makes a lazily built tf_keras optimizer checkpoint the variables its build created.
+
+    tf_keras caches an optimizer's checkpoint children the first time they are listed; a restore
+    before the first step lists them before `build` adds plain attributes such as Nadam's
+    `_u_product`, which later saves would then silently drop. Call after the first step.
+    """
+    for opt in (optimizer, getattr(optimizer, "inner_optimizer", None)):
+        if opt is not None and "_coalesced_children" in vars(opt):
+            del opt._coalesced_children  # noqa: SLF001
+
+
 def learning_rate_variable(optimizer: Any) -> Any:
     """The optimizer's own learning-rate variable, or None when it follows a schedule/callable."""
     inner = getattr(optimizer, "inner_optimizer", optimizer)

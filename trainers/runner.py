@@ -238,6 +238,7 @@ def _setup(
         checkpoint_manager=manager,
         summary_manager=train_summaries,
         eval_summary_manager=eval_summaries,
+        eval_summary_dir=os.path.join(model_dir, "eval"),  # else Orbit reuses train/
     )
     eval_steps_arg = eval_steps or -1
 

@@ -95,9 +95,12 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
     def train(self, num_steps: tf.Tensor) -> dict:
         """Runs `num_steps` train steps as one device loop; returns the last step's logs."""
         self.train_loop_begin()
-        if self._train_loop_fn is None:
+        fresh = self._train_loop_fn is None
+        if fresh:
             self._train_loop_fn = self.create_train_loop_fn()
         logs = self._train_loop_fn(self._train_iter, num_steps)
+        if fresh:
+            keras_compat.refresh_tracking(self.optimizer)
         return self.train_loop_end(logs)
 
     def create_train_loop_fn(self):

@@ -1,0 +1,141 @@
+"""A program written for the seed runs unchanged through `CallbackTask` (DESIGN, callbacks)."""
+
+import glob
+import math
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tasks import CallbackTask
+from tests import seed_program
+from trainers import run_experiment
+
+SEED_FUNCTIONS = (
+    "create_dataset",
+    "create_model",
+    "create_loss",
+    "create_opt",
+    "create_ckpt",
+    "input_pre",
+    "loss_pre",
+    "grad_pre",
+    "update_pre",
+)
+
+
+def _task(construction):
+    if construction == "from_namespace":
+        return CallbackTask.from_namespace(seed_program)
+    fns = {name: getattr(seed_program, name) for name in SEED_FUNCTIONS}
+    return CallbackTask(**fns, every_steps=seed_program.every_steps, at_step=seed_program.at_step)
+
+
+def _run(task, model_dir, strategy="one_device"):
+    seed_program.reset()
+    return run_experiment(
+        task,
+        str(model_dir),
+        mode="train",
+        train_steps=20,
+        global_batch_size=8,
+        learning_rate=0.05,
+        steps_per_loop=4,
+        strategy=strategy,
+        progress=False,
+    )
+
+
+def _scalars(logdir, tag):
+    """`[(step, value)]` of one scalar tag in every event file under `logdir`."""
+    points = []
+    for path in sorted(glob.glob(os.path.join(logdir, "events.out.tfevents.*"))):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                if value.tag == tag:
+                    number = (
+                        tf.make_ndarray(value.tensor)
+                        if value.HasField("tensor")
+                        else value.simple_value
+                    )
+                    points.append((event.step, float(number)))
+    return sorted(points)
+
+
+def _check_seed_run(task, tmp_path, replicas):
+    results = _run(task, tmp_path, strategy="one_device" if replicas == 1 else "mirrored")
+    every = seed_program.CALLS["every"]
+    assert [call["step"] for call in every] == [5, 10, 15, 20]
+    assert seed_program.CALLS["at"] == [7]
+
+    first = every[0]
+    assert isinstance(first["dev"], tf.distribute.Strategy)
+    assert first["dev"].num_replicas_in_sync == replicas
+    assert isinstance(first["train_model"], keras.Sequential)
+    assert isinstance(first["train_loss"], seed_program.SumCrossEntropy)
+    assert isinstance(first["optimizer"], keras.optimizers.Nadam)
+    assert float(first["optimizer"].epsilon) == pytest.approx(1e-3)
+    assert isinstance(first["lr"], tf.Variable)
+    assert float(first["lr"].numpy()) == pytest.approx(0.05)
+    assert isinstance(first["ckpt"], tf.train.Checkpoint)
+    assert isinstance(first["manager"], tf.train.CheckpointManager)
+    assert first["host_unavailable"] == (None, None, None, None, None)
+
+    losses = [call["loss"] for call in every]
+    assert all(math.isfinite(loss) for loss in losses)
+    assert losses[-1] < losses[0]
+    assert results["train"]["loss"] == pytest.approx(losses[-1])
+
+    # The seed's `tf.summary.scalar("my_loss", loss)` (no step, no writer) lands in TensorBoard.
+    points = _scalars(str(tmp_path / "train"), "my_loss")
+    assert [step for step, _ in points] == [5, 10, 15, 20]
+    assert [value for _, value in points] == pytest.approx(losses)
+
+    latest = tf.train.latest_checkpoint(str(tmp_path))
+    assert latest is not None and latest.endswith("ckpt-20")
+    # The checkpoint has the seed's create_ckpt layout: the model restores under `train_model`.
+    trained = [np.asarray(v) for v in first["train_model"].weights]
+    restored = seed_program.create_model()
+    initial = [np.asarray(v) for v in restored.weights]
+    status = tf.train.Checkpoint(train_model=restored).read(latest)
+    status.expect_partial().assert_existing_objects_matched()
+    for got, want, before in zip(restored.weights, trained, initial, strict=True):
+        np.testing.assert_array_equal(np.asarray(got), want)
+        assert not np.array_equal(before, want)  # training moved every weight
+
+
+@pytest.mark.parametrize("construction", ["from_namespace", "keywords"])
+def test_seed_program_runs_unchanged(tmp_path, capfd, construction):
+    _check_seed_run(_task(construction), tmp_path, replicas=1)
+    # The seed callback's tf.print reached the console.
+    assert "seed step 5 loss" in capfd.readouterr().err
+
+
+def test_seed_program_on_two_replicas(tmp_path):
+    _check_seed_run(CallbackTask.from_namespace(seed_program), tmp_path, replicas=2)
+
+
+def test_missing_seed_functions_are_named():
+    with pytest.raises(TypeError, match=r"function\(s\) create_dataset, create_loss;"):
+        CallbackTask(create_model=seed_program.create_model)
+    with pytest.raises(
+        TypeError, match=r"function\(s\) create_dataset, create_model, create_loss;"
+    ):
+        CallbackTask.from_namespace({"create_opt": seed_program.create_opt})
+
+
+def test_non_callable_seed_function_is_named():
+    with pytest.raises(TypeError, match="`create_opt` must be callable; received 3"):
+        CallbackTask(
+            create_dataset=seed_program.create_dataset,
+            create_model=seed_program.create_model,
+            create_loss=seed_program.create_loss,
+            create_opt=3,
+        )
+
+
+def test_bad_callback_table_key_is_named():
+    with pytest.raises(ValueError, match="`every_steps` keys must be positive integers.*0"):
+        CallbackTask.from_namespace(seed_program, every_steps={0: seed_program.log_loss})
