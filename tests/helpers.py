@@ -22,9 +22,9 @@ class TinyTask(Task):
         self.flavour, self.l2, self.shuffle, self.seed = flavour, l2, shuffle, seed
         rng = np.random.RandomState(seed)
         self.x = rng.normal(size=(n, 6)).astype(np.float32)
-        self.y = (self.x[:, 0] + 2 * self.x[:, 1] > 0).astype(np.int32) + (
-            self.x[:, 2] > 1
-        ).astype(np.int32)
+        self.y = (self.x[:, 0] + 2 * self.x[:, 1] > 0).astype(np.int32) + (self.x[:, 2] > 1).astype(
+            np.int32
+        )
 
     def build_inputs(self, per_replica_batch_size, input_context=None, training=True):
         ds = tf.data.Dataset.from_tensor_slices((self.x, self.y))
@@ -41,7 +41,9 @@ class TinyTask(Task):
         return k.Sequential(
             [
                 k.Input((6,)),
-                k.layers.Dense(8, activation="tanh", kernel_regularizer=reg, kernel_initializer=init),
+                k.layers.Dense(
+                    8, activation="tanh", kernel_regularizer=reg, kernel_initializer=init
+                ),
                 k.layers.Dense(3, kernel_initializer=k.initializers.GlorotUniform(seed=2)),
             ]
         )

@@ -57,4 +57,6 @@ def test_two_replicas_equal_one_device_with_double_batch(tmp_path, flavour):
         np.testing.assert_allclose(w1, w2, rtol=1e-5, atol=1e-6)
     # Training moved the weights (the comparison is not of two untouched models).
     fresh = RecordingTiny(flavour=flavour).build_model()
-    assert any(not np.allclose(a, np.array(b)) for a, b in zip(one.final, fresh.weights))
+    assert any(
+        not np.allclose(a, np.array(b)) for a, b in zip(one.final, fresh.weights, strict=True)
+    )

@@ -7,8 +7,15 @@ from tests.helpers import Recorder, TinyTask
 from trainers import run_experiment
 
 STAGES = ("input_pre", "loss_pre", "grad_pre", "update_pre", "process_metrics")
-BUILDERS = ("build_model", "build_losses", "build_optimizer", "build_metrics", "build_inputs",
-            "make_batches", "build_checkpoint")
+BUILDERS = (
+    "build_model",
+    "build_losses",
+    "build_optimizer",
+    "build_metrics",
+    "build_inputs",
+    "make_batches",
+    "build_checkpoint",
+)
 
 
 class RecordingTask(TinyTask):
@@ -33,17 +40,33 @@ class RecordingTask(TinyTask):
 
 def test_recording_task_sees_builders_then_stages_in_order(tmp_path):
     task = RecordingTask()
-    run_experiment(task, str(tmp_path), mode="train_and_eval", train_steps=4,
-                   global_batch_size=8, steps_per_loop=4, eval_interval=4, progress=False)
+    run_experiment(
+        task,
+        str(tmp_path),
+        mode="train_and_eval",
+        train_steps=4,
+        global_batch_size=8,
+        steps_per_loop=4,
+        eval_interval=4,
+        progress=False,
+    )
     events = task.events
     first_step = events.index("train_step")
     assert events[:first_step] == [
-        "build_model", "build_losses", "build_optimizer", "build_metrics", "build_metrics",
-        "build_inputs", "make_batches", "build_checkpoint", "build_inputs", "make_batches",
+        "build_model",
+        "build_losses",
+        "build_optimizer",
+        "build_metrics",
+        "build_metrics",
+        "build_inputs",
+        "make_batches",
+        "build_checkpoint",
+        "build_inputs",
+        "make_batches",
     ]
     # One trace of the default train step calls the stages in the seed's order.
-    assert events[first_step:first_step + 6] == ["train_step", *STAGES]
-    assert "validation_step" in events[first_step + 6:]
+    assert events[first_step : first_step + 6] == ["train_step", *STAGES]
+    assert "validation_step" in events[first_step + 6 :]
 
 
 class Callbacks(TinyTask):
@@ -52,19 +75,25 @@ class Callbacks(TinyTask):
         self.r4, self.r5, self.a6, self.a22, self.order = (Recorder() for _ in range(5))
 
     def every_steps(self):
-        return {4: [self.r4, lambda t, c: self.order.calls.append((c.step, "every4"))],
-                5: self.r5}
+        return {4: [self.r4, lambda t, c: self.order.calls.append((c.step, "every4"))], 5: self.r5}
 
     def at_step(self):
-        return {6: [self.a6, lambda t, c: self.order.calls.append((c.step, "at6"))],
-                22: self.a22}
+        return {6: [self.a6, lambda t, c: self.order.calls.append((c.step, "at6"))], 22: self.a22}
 
 
 @pytest.mark.parametrize("steps_per_loop", [1, 3, 7, 100])
 def test_callbacks_fire_at_exact_steps_for_any_loop_length(tmp_path, steps_per_loop):
     task = Callbacks()
-    run_experiment(task, str(tmp_path), mode="train", train_steps=23, global_batch_size=8,
-                   steps_per_loop=steps_per_loop, checkpoint_interval=None, progress=False)
+    run_experiment(
+        task,
+        str(tmp_path),
+        mode="train",
+        train_steps=23,
+        global_batch_size=8,
+        steps_per_loop=steps_per_loop,
+        checkpoint_interval=None,
+        progress=False,
+    )
     assert [s for s, _ in task.r4.calls] == [4, 8, 12, 16, 20]
     assert [s for s, _ in task.r5.calls] == [5, 10, 15, 20]
     assert [s for s, _ in task.a6.calls] == [6]
@@ -79,19 +108,42 @@ def test_every_steps_before_at_step_on_the_same_step(tmp_path):
             return {6: lambda t, c: self.order.calls.append((c.step, "every6"))}
 
     task = Same()
-    run_experiment(task, str(tmp_path), mode="train", train_steps=6, global_batch_size=8,
-                   steps_per_loop=100, progress=False)
+    run_experiment(
+        task,
+        str(tmp_path),
+        mode="train",
+        train_steps=6,
+        global_batch_size=8,
+        steps_per_loop=100,
+        progress=False,
+    )
     assert task.order.calls == [(6, "every6"), (6, "at6")]
 
 
 def test_at_step_passed_before_a_restart_does_not_fire_again(tmp_path):
     first = Callbacks()
-    run_experiment(first, str(tmp_path), mode="train", train_steps=10, global_batch_size=8,
-                   steps_per_loop=100, checkpoint_interval=5, progress=False)
+    run_experiment(
+        first,
+        str(tmp_path),
+        mode="train",
+        train_steps=10,
+        global_batch_size=8,
+        steps_per_loop=100,
+        checkpoint_interval=5,
+        progress=False,
+    )
     assert [s for s, _ in first.a6.calls] == [6]
     second = Callbacks()
-    run_experiment(second, str(tmp_path), mode="train", train_steps=23, global_batch_size=8,
-                   steps_per_loop=100, checkpoint_interval=5, progress=False)
+    run_experiment(
+        second,
+        str(tmp_path),
+        mode="train",
+        train_steps=23,
+        global_batch_size=8,
+        steps_per_loop=100,
+        checkpoint_interval=5,
+        progress=False,
+    )
     assert second.a6.calls == []
     assert [s for s, _ in second.a22.calls] == [22]
     assert [s for s, _ in second.r4.calls] == [12, 16, 20]
@@ -108,8 +160,16 @@ def test_callback_changes_learning_rate_and_it_reaches_the_optimizer(tmp_path):
             return {3: lambda t, c: c.lr.assign(c.lr * 0.5)}
 
     task = Halve()
-    run_experiment(task, str(tmp_path), mode="train", train_steps=5, global_batch_size=8,
-                   learning_rate=0.01, steps_per_loop=100, progress=False)
+    run_experiment(
+        task,
+        str(tmp_path),
+        mode="train",
+        train_steps=5,
+        global_batch_size=8,
+        learning_rate=0.01,
+        steps_per_loop=100,
+        progress=False,
+    )
     rates = [round(logs["learning_rate"], 6) for _, logs in task.seen.calls]
     assert rates == [0.01, 0.01, 0.01, 0.005, 0.005]
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(tmp_path)))

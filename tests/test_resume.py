@@ -23,9 +23,18 @@ class Resumable(TinyTask):
 
 def _run(model_dir, flavour, steps, strategy):
     task = Resumable(flavour=flavour)
-    run_experiment(task, str(model_dir), mode="train", train_steps=steps, global_batch_size=8,
-                   learning_rate=0.05, steps_per_loop=4, checkpoint_interval=5,
-                   strategy=strategy, progress=False)
+    run_experiment(
+        task,
+        str(model_dir),
+        mode="train",
+        train_steps=steps,
+        global_batch_size=8,
+        learning_rate=0.05,
+        steps_per_loop=4,
+        checkpoint_interval=5,
+        strategy=strategy,
+        progress=False,
+    )
     return task
 
 

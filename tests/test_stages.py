@@ -83,8 +83,14 @@ class NanFirstBatch(TinyTask):
 def test_nan_gradients_are_zeroed_and_the_step_is_taken(tmp_path):
     task = NanFirstBatch(l2=0.0)
     run_experiment(
-        task, str(tmp_path), mode="train", train_steps=3, global_batch_size=8,
-        steps_per_loop=1, progress=False, strategy="one_device",
+        task,
+        str(tmp_path),
+        mode="train",
+        train_steps=3,
+        global_batch_size=8,
+        steps_per_loop=1,
+        progress=False,
+        strategy="one_device",
     )
     steps = [s for s, _ in task.recorder.calls]
     assert steps == [1, 2, 3]
