@@ -194,6 +194,29 @@ class Task:
         mean loss plus regularisation, as one device would compute it) and `grad_norm` (global norm
         of the display gradients).
         """
+        update, trainable_vars, logs = self.compute_update(
+            batch, model, optimizer, metrics,
+            loss_fn=loss_fn, lr=lr, global_batch_size=global_batch_size,
+        )
+        keras_compat.apply_gradients(optimizer, update, trainable_vars)
+        return logs
+
+    def compute_update(
+        self,
+        batch: Any,
+        model: Any,
+        optimizer: Any,
+        metrics: list | None = None,
+        *,
+        loss_fn: Any,
+        lr: tf.Variable,
+        global_batch_size: int,
+    ) -> tuple[list, list, dict[str, tf.Tensor]]:
+        """The default train step up to, not including, `apply_gradients`.
+
+        Returns `(update_gradients, trainable_vars, logs)`. The trainer's NaN guard calls this and
+        applies the update only when every replica's loss is finite.
+        """
         replicas = tf.distribute.get_replica_context().num_replicas_in_sync
         with tf.GradientTape() as tape:
             inputs = self.input_pre(batch, lr)
@@ -211,13 +234,13 @@ class Task:
         update, display = self.update_pre(
             gradients, loss, outputs, batch, model, loss_fn, lr, optimizer
         )
-        keras_compat.apply_gradients(optimizer, update, trainable_vars)
         self.process_metrics(metrics, batch, outputs)
         present = [g for g in display if g is not None]
-        return {
+        logs = {
             "loss": scaled * float(replicas),
             "grad_norm": tf.linalg.global_norm(present) if present else tf.constant(0.0),
         }
+        return update, trainable_vars, logs
 
     def validation_step(
         self, batch: Any, model: Any, metrics: list | None = None, *, loss_fn: Any, lr: Any

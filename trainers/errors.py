@@ -3,3 +3,7 @@
 
 class ConfigError(ValueError):
     """A bad setting (gin binding, flag, dataset shape, ...), detected before the first step."""
+
+
+class NonFiniteLossError(RuntimeError):
+    """Training stopped because the loss stayed non-finite after the allowed rollbacks."""

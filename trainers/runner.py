@@ -11,9 +11,10 @@ import orbit.controller
 import tensorflow as tf
 from absl import logging
 
-from tasks import CallbackContext, keras_compat
+from tasks import CallbackContext, Task, keras_compat
 from trainers import inputs as inputs_lib
 from trainers.callback_runner import CallbackAction
+from trainers.controller import Controller
 from trainers.errors import ConfigError
 from trainers.progress import ProgressAction
 from trainers.strategies import build_strategy
@@ -52,6 +53,7 @@ def run_experiment(
     use_tf_while_loop: bool = True,
     progress: bool = True,
     continuous_eval_timeout: float | None = None,
+    nan_guard: Any = None,
 ) -> dict:
     """Trains and/or evaluates `task`, writing checkpoints and summaries under `model_dir`.
 
@@ -74,6 +76,8 @@ def run_experiment(
       use_tf_while_loop: run each device loop as one `tf.while_loop`.
       progress: show the progress display.
       continuous_eval_timeout: seconds to wait for a new checkpoint in continuous_eval.
+      nan_guard: a `trainers.NanGuard` to skip non-finite steps and roll back; None keeps the
+        seed's behaviour (NaN gradients zeroed, step taken).
 
     Returns:
       `{"train": last train logs, "eval": last eval logs}` (Python floats / NumPy arrays).
@@ -106,6 +110,7 @@ def _setup(
     use_tf_while_loop,
     progress,
     continuous_eval_timeout,
+    nan_guard,
 ):
     """Validates settings and builds every object; returns `execute()` that runs the mode."""
     for name, value in (("task", task), ("model_dir", model_dir), ("train_steps", train_steps)):
@@ -155,6 +160,14 @@ def _setup(
         keras_compat.check_matching(model, optimizer)
         train_metrics = task.build_metrics(training=True) if training else []
         eval_metrics = task.build_metrics(training=False) if evaluating else []
+        if nan_guard is not None and training:
+            if type(task).train_step is not Task.train_step:
+                raise ValueError(
+                    f"NanGuard needs the default train_step, but {type(task).__name__} "
+                    "overrides it; remove run_experiment.nan_guard or skip non-finite steps "
+                    "in your train_step."
+                )
+            nan_guard.build()
         train_iterator = None
         if training:
             keras_compat.build_optimizer_slots(optimizer, _trainable_variables(model))
@@ -187,6 +200,7 @@ def _setup(
         train_metrics=train_metrics,
         eval_metrics=eval_metrics,
         use_tf_while_loop=use_tf_while_loop,
+        nan_guard=nan_guard if training else None,
     )
     _write_operative_config(model_dir)
 
@@ -217,6 +231,11 @@ def _setup(
     train_actions = [callbacks, lambda out: results.__setitem__("train", dict(out))]
     if progress_action:
         train_actions.append(progress_action)
+    if nan_guard is not None and training:
+        # Last, and before the Controller's save: a rollback must precede any checkpoint.
+        train_actions.append(
+            lambda out: nan_guard.after_loop(checkpoint, manager, strategy, global_step)
+        )
 
     def loop_length(step: int) -> int:
         bounds = [steps_per_loop]
@@ -227,7 +246,8 @@ def _setup(
             bounds.append(checkpoint_interval - step % checkpoint_interval)
         return max(1, min(bounds))
 
-    controller = orbit.Controller(
+    controller = Controller(
+        checkpoint_interval=checkpoint_interval,
         global_step=global_step,
         trainer=trainer if training else None,
         evaluator=trainer if evaluating else None,

@@ -13,7 +13,8 @@ import sys
 
 from absl import flags
 
-EXIT_USAGE = 2
+EXIT_USAGE = 2  # a user mistake, found before any work
+EXIT_NONFINITE = 3  # the loss stayed non-finite after the NanGuard's rollbacks
 
 FLAGS = flags.FlagValues()
 flags.DEFINE_multi_string("gin_file", [], "Gin config file(s), in order.", flag_values=FLAGS)
@@ -83,6 +84,13 @@ def build_task():
         raise ConfigError(f"bad gin config: {_one_line(e)}") from e
     if task is gin.REQUIRED:
         raise ConfigError("no task: set TASK = @YourTask() in your experiment's .gin file")
+    from tasks import Task
+
+    if not isinstance(task, Task):
+        raise ConfigError(
+            f"TASK must be a tasks.Task instance, e.g. TASK = @YourTask(); received {task!r} "
+            f"of type {type(task).__name__}. Fix TASK in your experiment's .gin file."
+        )
     return task
 
 
@@ -93,6 +101,7 @@ def _one_line(error: BaseException) -> str:
 
 def main(argv: list[str]) -> int:
     """Runs the binary on `argv` (without the program name); returns the exit status."""
+    FLAGS.unparse_flags()  # a second main() in one process must not see the last call's flags
     try:
         FLAGS(["orbitask", *argv])
     except flags.Error as e:
@@ -104,7 +113,7 @@ def main(argv: list[str]) -> int:
 
     import gin
 
-    from trainers.errors import ConfigError
+    from trainers.errors import ConfigError, NonFiniteLossError
     from trainers.runner import run_experiment
 
     try:
@@ -113,6 +122,9 @@ def main(argv: list[str]) -> int:
         run_experiment(task=task, model_dir=FLAGS.model_dir, mode=FLAGS.mode)
     except ConfigError as e:
         return _fail(str(e))
+    except NonFiniteLossError as e:
+        _fail(str(e))
+        return EXIT_NONFINITE
     except RuntimeError as e:
         # gin raises RuntimeError for a required parameter that no file binds.
         if "gin.REQUIRED" in str(e) or "Required bindings" in str(e):

@@ -45,6 +45,7 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
       eval_dataset: a distributed dataset for `validation_step`, or None.
       train_metrics, eval_metrics: Keras metrics built by the task.
       use_tf_while_loop: run each device loop as one `tf.while_loop` (default) or a Python loop.
+      nan_guard: a built `trainers.NanGuard`, or None (the seed's behaviour).
     """
 
     def __init__(
@@ -63,8 +64,10 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         train_metrics: list | None = None,
         eval_metrics: list | None = None,
         use_tf_while_loop: bool = True,
+        nan_guard: Any = None,
     ):
         self.task = task
+        self.nan_guard = nan_guard
         self.strategy = strategy
         self.model = model
         self.optimizer = optimizer
@@ -106,6 +109,7 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
     def create_train_loop_fn(self):
         """A tf.function running `num_steps` steps and returning the last step's logs."""
         step = self.train_step
+        guard = self.nan_guard
 
         if not self._use_tf_while_loop:
             step_fn = tf.function(step)
@@ -113,6 +117,8 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
             def python_loop(iterator, num_steps):
                 logs = step_fn(iterator)
                 for _ in range(int(num_steps) - 1):
+                    if guard is not None and bool(guard.tripped()):
+                        break
                     logs = step_fn(iterator)
                 return logs
 
@@ -122,6 +128,8 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         def loop(iterator, num_steps):
             logs = step(iterator)
             for _ in tf.range(num_steps - 1):
+                if guard is not None and guard.tripped():
+                    break  # hand over to the host, which rolls back before any save
                 logs = step(iterator)
             return logs
 
@@ -143,11 +151,63 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
     def train_step(self, iterator):
         """One distributed step (cross-replica context, traced)."""
         batch = self._next_replica_batches(iterator)
+        if self.nan_guard is not None:
+            return self._guarded_train_step(batch)
         logs = self.strategy.run(self._replica_train_step, args=(batch,))
         logs = {
             k: self.strategy.reduce(tf.distribute.ReduceOp.MEAN, v, axis=None)
             for k, v in logs.items()
         }
+        self.global_step.assign_add(1)
+        return logs
+
+    def _guarded_train_step(self, batch):
+        """Computes the update on every replica, applies it only if every loss is finite.
+
+        The condition lives in cross-replica context: a `tf.cond` around `apply_gradients`
+        inside `strategy.run` would cross a synchronisation point, which tf.distribute forbids.
+        """
+        held = {}
+
+        def compute(batch):
+            update, variables, logs = self.task.compute_update(
+                batch,
+                self.model,
+                self.optimizer,
+                self.train_metrics,
+                loss_fn=self.loss_fn,
+                lr=self.lr,
+                global_batch_size=self.global_batch_size,
+            )
+            held["pairs"] = [
+                (i, v)
+                for i, (g, v) in enumerate(zip(update, variables, strict=True))
+                if g is not None
+            ]
+            logs = dict(logs)
+            logs["nonfinite"] = tf.cast(
+                tf.logical_not(tf.reduce_all(tf.math.is_finite(logs["loss"]))), tf.float32
+            )
+            return [update[i] for i, _ in held["pairs"]], logs
+
+        update, logs = self.strategy.run(compute, args=(batch,))
+        bad = self.strategy.reduce(tf.distribute.ReduceOp.SUM, logs.pop("nonfinite"), axis=None) > 0
+
+        def apply():
+            def replica_apply(gradients):
+                variables = [v for _, v in held["pairs"]]
+                keras_compat.apply_gradients(self.optimizer, gradients, variables)
+
+            self.strategy.run(replica_apply, args=(update,))
+            return tf.constant(False)
+
+        tf.cond(bad, lambda: tf.constant(True), apply)
+        self.nan_guard.record(bad)
+        logs = {
+            k: self.strategy.reduce(tf.distribute.ReduceOp.MEAN, v, axis=None)
+            for k, v in logs.items()
+        }
+        logs["nonfinite_steps"] = tf.cast(self.nan_guard.skipped, tf.float32)
         self.global_step.assign_add(1)
         return logs
 

@@ -1,0 +1,90 @@
+"""The gin-enabled NaN guard: skip, count, roll back once, then stop with a clear error.
+
+Runs with oneDNN off (conftest): oneDNN's fused kernels turn NaN into 0 in graph mode on CPU.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.helpers import Recorder, TinyTask
+from trainers import NanGuard, NonFiniteLossError, run_experiment
+
+B = 8
+
+
+class NanAt(TinyTask):
+    """Examples of the given training steps (1-based, batch B, one device) are NaN."""
+
+    def __init__(self, bad_steps, nan_forever_after=None, **kwargs):
+        super().__init__(n=B * 40, **kwargs)
+        self.x = self.x.copy()
+        for step in bad_steps:
+            self.x[(step - 1) * B : step * B] = np.nan
+        if nan_forever_after is not None:
+            self.x[nan_forever_after * B :] = np.nan
+        self.recorder = Recorder()
+        self.weights = {}
+
+    def every_steps(self):
+        return {1: [self.recorder, self._grab]}
+
+    def _grab(self, task, ctx):
+        self.weights[ctx.step] = [np.array(v) for v in ctx.model.weights]
+        self.weights[ctx.step].append(int(ctx.optimizer.iterations.numpy()))
+
+
+def _run(task, model_dir, guard, steps, strategy="one_device"):
+    return run_experiment(
+        task, str(model_dir), mode="train", train_steps=steps, global_batch_size=B,
+        steps_per_loop=1, checkpoint_interval=5, strategy=strategy, progress=False,
+        nan_guard=guard,
+    )
+
+
+def test_nonfinite_step_is_skipped_and_counted(tmp_path):
+    task = NanAt(bad_steps=[3])
+    logs = _run(task, tmp_path, NanGuard(patience=3), 5)
+    losses = {s: logs_["loss"] for s, logs_ in task.recorder.calls}
+    assert np.isnan(losses[3]) and np.isfinite(losses[4])
+    before, after = task.weights[2], task.weights[3]
+    for a, b in zip(before[:-1], after[:-1], strict=True):
+        np.testing.assert_array_equal(a, b)  # weights and slots untouched by step 3
+    assert before[-1] == after[-1] == 2  # the optimizer did not count the skipped step
+    assert task.weights[4][-1] == 3
+    assert logs["train"]["nonfinite_steps"] == 1
+
+
+def test_without_guard_the_seed_default_takes_the_step(tmp_path):
+    task = NanAt(bad_steps=[3])
+    _run(task, tmp_path, None, 4)
+    assert task.weights[3][-1] == 3  # the step was taken (NaN gradients zeroed)
+
+
+def test_rolls_back_once_then_stops_with_a_clear_error(tmp_path, capsys):
+    task = NanAt(bad_steps=[], nan_forever_after=6)
+    with pytest.raises(NonFiniteLossError, match="not finite for 3 consecutive steps"):
+        _run(task, tmp_path, NanGuard(patience=3, max_rollbacks=1), 30)
+    out = capsys.readouterr().out
+    assert out.count("rolled back to") == 1
+    # Steps 7, 8, 9 went bad, the run rolled back to step 5 and replayed them once.
+    steps = [s for s, _ in task.recorder.calls]
+    assert steps == [1, 2, 3, 4, 5, 6, 7, 8, 9, 6, 7, 8, 9], (steps, out)
+    # The good checkpoints survive and the latest is still the good step-5 state.
+    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-5")
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(tmp_path)))
+    for name in reader.get_variable_to_shape_map():
+        if name.startswith("train_model"):
+            assert np.all(np.isfinite(reader.get_tensor(name)))
+
+
+def test_guard_settings_are_checked():
+    with pytest.raises(ValueError, match="patience"):
+        NanGuard(patience=0)
+
+
+@pytest.mark.parametrize("strategy", ["mirrored"])
+def test_guard_under_two_replicas(tmp_path, strategy):
+    task = NanAt(bad_steps=[3])
+    _run(task, tmp_path, NanGuard(patience=3), 4, strategy=strategy)
+    assert task.weights[3][-1] == task.weights[2][-1]

@@ -1,0 +1,70 @@
+"""Restoring checkpoints safely: skip unreadable ones, explain incompatible ones, delete nothing."""
+
+from __future__ import annotations
+
+import os
+
+import tensorflow as tf
+from absl import logging
+
+from trainers.errors import ConfigError
+
+
+def unreadable_reason(path: str) -> str | None:
+    """Why the checkpoint at `path` cannot be read in full, or None if every tensor reads back.
+
+    Reads every tensor once, so a truncated or overwritten data file (CRC mismatch) is found
+    before anything is restored from it.
+    """
+    try:
+        reader = tf.train.load_checkpoint(path)
+        for key, dtype in reader.get_variable_to_dtype_map().items():
+            if dtype != tf.variant:  # input-iterator state: not readable as NumPy
+                reader.get_tensor(key)
+    except (tf.errors.OpError, ValueError, OSError) as e:
+        return " ".join(str(e).split())[:300]
+    return None
+
+
+def restore_newest_readable(
+    checkpoint: tf.train.Checkpoint, manager: tf.train.CheckpointManager
+) -> str | None:
+    """Restores the newest checkpoint that reads back in full; returns its path (None: none).
+
+    An unreadable checkpoint is reported with a warning naming its files and is left in place.
+
+    Raises:
+      ConfigError: when checkpoints exist but none is readable, or when a readable one does not
+        fit the model (names the variable and both shapes).
+    """
+    paths = list(reversed(manager.checkpoints))
+    for path in paths:
+        reason = unreadable_reason(path)
+        if reason:
+            message = (
+                f"checkpoint {path} (files {os.path.basename(path)}.index / .data-*) is "
+                f"unreadable: {reason}. Trying the previous one; the file is left in place."
+            )
+            logging.warning(message)
+            print(f"orbitask: warning: {message}", flush=True)
+            continue
+        restore(checkpoint, path)
+        return path
+    if paths:
+        raise ConfigError(
+            f"none of the {len(paths)} checkpoint(s) in {manager.directory} is readable; "
+            "move that directory away (or use a new --model_dir) to start afresh."
+        )
+    return None
+
+
+def restore(checkpoint: tf.train.Checkpoint, path: str) -> None:
+    """Restores `path`, turning a shape mismatch into a one-line ConfigError."""
+    try:
+        checkpoint.restore(path)
+    except (ValueError, tf.errors.InvalidArgumentError) as e:
+        text = " ".join(str(e).split())
+        raise ConfigError(
+            f"checkpoint {path} does not fit this model: {text} Use a new --model_dir, or "
+            "warm-start from it with init_checkpoint."
+        ) from e

@@ -1,0 +1,87 @@
+"""`NanGuard`: skip updates whose loss is not finite; roll back once after K bad steps in a row.
+
+Off by default (the seed's behaviour: NaN gradients zeroed, step taken). Enable it in gin with
+`orbitask.run_experiment.nan_guard = @orbitask.NanGuard()`. Works with the default `train_step`
+(it needs `Task.compute_update`); a task that overrides `train_step` whole is rejected.
+"""
+
+from __future__ import annotations
+
+import gin
+import tensorflow as tf
+from absl import logging
+
+from trainers.errors import NonFiniteLossError
+
+
+@gin.configurable("NanGuard", module="orbitask")
+class NanGuard:
+    """Skips non-finite steps (weights, optimizer slots and iterations unchanged).
+
+    Args:
+      patience: consecutive skipped steps that trigger a rollback to the latest checkpoint.
+      max_rollbacks: rollbacks allowed in one run; reaching `patience` again after them stops
+        the run with `NonFiniteLossError` (never an endless restore-replay loop).
+    """
+
+    def __init__(self, patience: int = 3, max_rollbacks: int = 1):
+        for name, value, low in (("patience", patience, 1), ("max_rollbacks", max_rollbacks, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(
+                    f"`NanGuard.{name}` must be an integer >= {low}; received {value!r}. "
+                    "Fix it in your .gin file."
+                )
+        self.patience = patience
+        self.max_rollbacks = max_rollbacks
+        self.rollbacks = 0
+        self.streak = None
+        self.skipped = None
+
+    def build(self) -> None:
+        """Creates the counters; call inside `strategy.scope()`."""
+        kwargs = dict(
+            dtype=tf.int64,
+            trainable=False,
+            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+        )
+        self.streak = tf.Variable(0, name="nan_guard_streak", **kwargs)
+        self.skipped = tf.Variable(0, name="nan_guard_skipped", **kwargs)
+
+    def record(self, bad: tf.Tensor) -> None:
+        """Counts one step (cross-replica context, traced); `bad` is a scalar bool."""
+        bad = tf.cast(bad, tf.int64)
+        self.skipped.assign_add(bad)
+        self.streak.assign((self.streak + 1) * bad)
+
+    def tripped(self) -> tf.Tensor:
+        """True once `patience` bad steps happened in a row (ends the device loop early)."""
+        return self.streak >= self.patience
+
+    def after_loop(self, checkpoint, manager, strategy, global_step) -> None:
+        """Eager, after each device loop and before any save: rolls back or stops."""
+        if int(self.streak.numpy()) < self.patience:
+            return
+        step = int(global_step.numpy())
+        if self.rollbacks >= self.max_rollbacks:
+            raise NonFiniteLossError(
+                f"the loss was not finite for {self.patience} consecutive steps (up to step "
+                f"{step}) after {self.rollbacks} rollback(s); stopping. Check the input data "
+                "or lower the learning rate; the checkpoints in the model directory are intact."
+            )
+        path = manager.latest_checkpoint
+        if path is None:
+            raise NonFiniteLossError(
+                f"the loss was not finite for {self.patience} consecutive steps (up to step "
+                f"{step}) and there is no checkpoint to roll back to; stopping."
+            )
+        with strategy.scope():
+            checkpoint.restore(path)
+        self.rollbacks += 1
+        self.streak.assign(0)
+        logging.warning(
+            "NanGuard: %d non-finite steps in a row up to step %d; rolled back to %s.",
+            self.patience,
+            step,
+            path,
+        )
+        print(f"orbitask: non-finite loss up to step {step}; rolled back to {path}", flush=True)
