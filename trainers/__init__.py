@@ -4,7 +4,7 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # hide TensorFlow's C++ INFO lines
 
-from trainers.errors import ConfigError, NonFiniteLossError  # noqa: E402
+from trainers.errors import ConfigError, NonFiniteLossError, Preempted  # noqa: E402
 from trainers.nan_guard import NanGuard  # noqa: E402
 from trainers.runner import run_experiment  # noqa: E402
 from trainers.strategies import build_strategy, logical_cpus  # noqa: E402
@@ -14,6 +14,7 @@ __all__ = [
     "ConfigError",
     "NanGuard",
     "NonFiniteLossError",
+    "Preempted",
     "TaskTrainer",
     "build_strategy",
     "logical_cpus",

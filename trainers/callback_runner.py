@@ -32,6 +32,16 @@ class CallbackAction:
         self.every = callbacks_lib.as_callback_lists(task.every_steps(), "every_steps")
         self.at = callbacks_lib.as_callback_lists(task.at_step(), "at_step")
 
+    def trackables(self) -> dict:
+        """Stateful callbacks (tf.Module / Trackable ones), by a stable name, to checkpoint."""
+        out = {}
+        for table, name in ((self.every, "every_steps"), (self.at, "at_step")):
+            for n, fns in sorted(table.items()):
+                for i, fn in enumerate(fns):
+                    if isinstance(fn, tf.__internal__.tracking.Trackable):
+                        out[f"{name}_{n}_{i}"] = fn
+        return out
+
     def steps_until_due(self, step: int) -> int | None:
         """Steps from `step` to the next step where a callback is due (None if never)."""
         candidates = [n - step % n for n in self.every]

@@ -7,3 +7,7 @@ class ConfigError(ValueError):
 
 class NonFiniteLossError(RuntimeError):
     """Training stopped because the loss stayed non-finite after the allowed rollbacks."""
+
+
+class Preempted(RuntimeError):
+    """The run received SIGTERM, saved a checkpoint and stopped; rerun to resume."""

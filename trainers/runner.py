@@ -13,11 +13,14 @@ from absl import logging
 
 from tasks import CallbackContext, Task, keras_compat
 from trainers import inputs as inputs_lib
+from trainers import validation
 from trainers.callback_runner import CallbackAction
 from trainers.controller import Controller
+from trainers.determinism import make_deterministic
 from trainers.errors import ConfigError
+from trainers.preemption import PreemptionWatcher
 from trainers.progress import ProgressAction
-from trainers.strategies import build_strategy
+from trainers.strategies import build_strategy, logical_cpus
 from trainers.trainer import TaskTrainer
 
 MODES = ("train", "eval", "train_and_eval", "continuous_eval")
@@ -54,6 +57,8 @@ def run_experiment(
     progress: bool = True,
     continuous_eval_timeout: float | None = None,
     nan_guard: Any = None,
+    seed: int | None = None,
+    cpu_devices: int | None = None,
 ) -> dict:
     """Trains and/or evaluates `task`, writing checkpoints and summaries under `model_dir`.
 
@@ -78,6 +83,10 @@ def run_experiment(
       continuous_eval_timeout: seconds to wait for a new checkpoint in continuous_eval.
       nan_guard: a `trainers.NanGuard` to skip non-finite steps and roll back; None keeps the
         seed's behaviour (NaN gradients zeroed, step taken).
+      seed: when set, seeds everything and enables op determinism (two fresh runs give
+        identical weights).
+      cpu_devices: split the CPU into this many logical devices first (so `mirrored` has that
+        many replicas without GPUs); must be set before TensorFlow has started.
 
     Returns:
       `{"train": last train logs, "eval": last eval logs}` (Python floats / NumPy arrays).
@@ -111,6 +120,8 @@ def _setup(
     progress,
     continuous_eval_timeout,
     nan_guard,
+    seed,
+    cpu_devices,
 ):
     """Validates settings and builds every object; returns `execute()` that runs the mode."""
     for name, value in (("task", task), ("model_dir", model_dir), ("train_steps", train_steps)):
@@ -129,9 +140,18 @@ def _setup(
     _check_positive("eval_interval", eval_interval, allow_none=True)
     _check_positive("eval_steps", eval_steps, allow_none=True)
     _check_positive("checkpoint_interval", checkpoint_interval, allow_none=True)
+    _check_positive("cpu_devices", cpu_devices, allow_none=True)
     if not isinstance(model_dir, str) or not model_dir:
         raise ValueError(f"`model_dir` must be a non-empty path; received {model_dir!r}.")
-
+    if seed is not None:
+        make_deterministic(seed)
+    if cpu_devices:
+        got = len(logical_cpus(cpu_devices))
+        if got != cpu_devices:
+            raise ValueError(
+                f"`cpu_devices` is {cpu_devices} but TensorFlow already started with {got} CPU "
+                "device(s); set it before anything else uses TensorFlow."
+            )
     strategy = build_strategy(strategy)
     replicas = strategy.num_replicas_in_sync
     if global_batch_size % replicas:
@@ -139,9 +159,24 @@ def _setup(
             f"`global_batch_size` ({global_batch_size}) must be divisible by the number of "
             f"replicas ({replicas}). Change run_experiment.global_batch_size."
         )
+    validation.check_model_dir(model_dir)
     training = mode in ("train", "train_and_eval")
     evaluating = mode != "train"
-    tf.io.gfile.makedirs(model_dir)
+    results: dict = {"train": {}, "eval": {}}
+
+    def make_context(step, logs):
+        return CallbackContext(
+            step=step,
+            logs=dict(logs),
+            lr=lr,
+            optimizer=optimizer,
+            model=model,
+            loss_fn=loss_fn,
+            checkpoint=checkpoint,
+            manager=manager,
+            strategy=strategy,
+            summary_writer=train_summaries.summary_writer(),
+        )
 
     with strategy.scope():
         model = task.build_model()
@@ -172,6 +207,17 @@ def _setup(
         if training:
             keras_compat.build_optimizer_slots(optimizer, _trainable_variables(model))
             train_iterator = inputs_lib.train_iterator(task, strategy, global_batch_size)
+            validation.check_inputs(
+                task,
+                train_iterator.element_spec,
+                model,
+                loss_fn,
+                lr,
+                global_batch_size // replicas,
+                global_batch_size,
+                replicas,
+            )
+        callbacks = CallbackAction(task, global_step, make_context, None)
         checkpoint, manager = _build_checkpoint(
             task,
             model_dir,
@@ -182,6 +228,7 @@ def _setup(
             loss_fn,
             train_iterator,
             checkpoint_interval,
+            callbacks.trackables(),
         )
     eval_dataset = (
         inputs_lib.eval_dataset(task, strategy, global_batch_size) if evaluating else None
@@ -210,23 +257,7 @@ def _setup(
     eval_summaries = orbit.utils.SummaryManager(
         os.path.join(model_dir, "eval"), tf.summary.scalar, global_step=global_step
     )
-    results: dict = {"train": {}, "eval": {}}
-
-    def make_context(step, logs):
-        return CallbackContext(
-            step=step,
-            logs=dict(logs),
-            lr=lr,
-            optimizer=optimizer,
-            model=model,
-            loss_fn=loss_fn,
-            checkpoint=checkpoint,
-            manager=manager,
-            strategy=strategy,
-            summary_writer=train_summaries.summary_writer(),
-        )
-
-    callbacks = CallbackAction(task, global_step, make_context, train_summaries.summary_writer())
+    callbacks.summary_writer = train_summaries.summary_writer()
     progress_action = ProgressAction(global_step, train_steps) if progress else None
     train_actions = [callbacks, lambda out: results.__setitem__("train", dict(out))]
     if progress_action:
@@ -236,6 +267,8 @@ def _setup(
         train_actions.append(
             lambda out: nan_guard.after_loop(checkpoint, manager, strategy, global_step)
         )
+    preemption = PreemptionWatcher(manager, global_step)
+    train_actions.append(preemption)  # last: saves the state every other action left
 
     def loop_length(step: int) -> int:
         bounds = [steps_per_loop]
@@ -263,6 +296,10 @@ def _setup(
     eval_steps_arg = eval_steps or -1
 
     def execute() -> dict:
+        with preemption:
+            return run_mode()
+
+    def run_mode() -> dict:
         if progress_action:
             progress_action.start()
         if mode == "train":
@@ -291,14 +328,25 @@ def _trainable_variables(model: Any) -> list:
 
 
 def _build_checkpoint(
-    task, model_dir, global_step, lr, optimizer, model, loss_fn, train_iterator, interval
+    task,
+    model_dir,
+    global_step,
+    lr,
+    optimizer,
+    model,
+    loss_fn,
+    train_iterator,
+    interval,
+    stateful_callbacks,
 ):
-    """The task's checkpoint plus the input position, saved every `interval` steps."""
+    """The task's checkpoint plus the input position and the state of stateful callbacks."""
     trackables = dict(step=global_step, lr=lr, optimizer=optimizer, train_model=model)
     trackables["train_loss"] = loss_fn
     checkpoint, manager = task.build_checkpoint(model_dir, **trackables)
     if train_iterator is not None:
         checkpoint.train_iterator = train_iterator
+    if stateful_callbacks:
+        checkpoint.callbacks = tf.train.Checkpoint(**stateful_callbacks)
     # Re-made so Orbit saves every `interval` steps with the global step as the number (a
     # manager without an interval is never saved by the Controller), keeping the task's policy.
     manager = tf.train.CheckpointManager(

@@ -15,6 +15,7 @@ from absl import flags
 
 EXIT_USAGE = 2  # a user mistake, found before any work
 EXIT_NONFINITE = 3  # the loss stayed non-finite after the NanGuard's rollbacks
+EXIT_PREEMPTED = 75  # SIGTERM: checkpoint saved, run the same command again to resume
 
 FLAGS = flags.FlagValues()
 flags.DEFINE_multi_string("gin_file", [], "Gin config file(s), in order.", flag_values=FLAGS)
@@ -113,7 +114,7 @@ def main(argv: list[str]) -> int:
 
     import gin
 
-    from trainers.errors import ConfigError, NonFiniteLossError
+    from trainers.errors import ConfigError, NonFiniteLossError, Preempted
     from trainers.runner import run_experiment
 
     try:
@@ -125,6 +126,9 @@ def main(argv: list[str]) -> int:
     except NonFiniteLossError as e:
         _fail(str(e))
         return EXIT_NONFINITE
+    except Preempted as e:
+        print(f"orbitask: preempted: {e}", file=sys.stderr)
+        return EXIT_PREEMPTED
     except RuntimeError as e:
         # gin raises RuntimeError for a required parameter that no file binds.
         if "gin.REQUIRED" in str(e) or "Required bindings" in str(e):

@@ -1,0 +1,113 @@
+"""Checks run before the first step: the model directory and the shape of the input data.
+
+Each failure is a one-line `ConfigError` saying what was expected, what was received and where
+to fix it, raised before any training work (or any checkpoint write) happens.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Any
+
+import tensorflow as tf
+
+from trainers.errors import ConfigError
+
+
+def check_model_dir(model_dir: str) -> None:
+    """Creates `model_dir` if needed and proves it is writable."""
+    probe = os.path.join(model_dir, f".orbitask-write-test-{uuid.uuid4().hex}")
+    try:
+        tf.io.gfile.makedirs(model_dir)
+        with tf.io.gfile.GFile(probe, "w") as f:
+            f.write("ok")
+        tf.io.gfile.remove(probe)
+    except (tf.errors.OpError, OSError) as e:
+        reason = " ".join(str(e).split())[:200]
+        raise ConfigError(
+            f"--model_dir {model_dir!r} is not writable ({reason}); pass a directory you can "
+            "write to."
+        ) from e
+
+
+def _describe(spec: Any) -> str:
+    def one(s):
+        return f"{s.dtype.name}{list(s.shape)}" if hasattr(s, "shape") else type(s).__name__
+
+    return str(tf.nest.map_structure(one, spec)).replace("'", "")
+
+
+def _zeros(spec: Any, batch: int) -> Any:
+    def make(s):
+        dims = [d if d is not None else 1 for d in s.shape.as_list()]
+        if dims and s.shape[0] is None:
+            dims[0] = batch
+        return tf.zeros(dims, s.dtype) if s.dtype != tf.string else tf.fill(dims, "")
+
+    return tf.nest.map_structure(make, spec)
+
+
+def check_inputs(
+    task: Any,
+    element_spec: Any,
+    model: Any,
+    loss_fn: Any,
+    lr: Any,
+    per_replica_batch_size: int,
+    global_batch_size: int,
+    replicas: int,
+    training: bool = True,
+) -> None:
+    """Checks one batch's structure against what the task's default stages consume.
+
+    With the default `input_pre` / `loss_pre` the batch must be an `(inputs, labels)` pair; with
+    the default `make_batches` its batch dimension must be `per_replica_batch_size`; and with the
+    default `train_step` a batch of zeros of that spec must go through `input_pre`, the model,
+    `loss_pre` and the loss eagerly, the loss being a scalar (the SUM over the batch).
+    """
+    from tasks import Task
+
+    where = "build_inputs" + ("" if training else " (training=False)")
+    kind = type(task)
+    received = _describe(element_spec)
+    default_split = kind.input_pre is Task.input_pre or kind.loss_pre is Task.loss_pre
+    if default_split and not (isinstance(element_spec, (tuple, list)) and len(element_spec) == 2):
+        raise ConfigError(
+            f"{kind.__name__}.{where} must yield (inputs, labels) pairs for the default "
+            f"input_pre/loss_pre; received elements {received}. Return pairs, or override "
+            "input_pre and loss_pre."
+        )
+    leaves = [s for s in tf.nest.flatten(element_spec) if hasattr(s, "shape")]
+    if kind.make_batches is Task.make_batches and leaves:
+        if leaves[0].shape.rank == 0:
+            raise ConfigError(
+                f"{kind.__name__}.{where} yields unbatched elements {received}; batch them "
+                f"with per_replica_batch_size ({per_replica_batch_size}) or in make_batches."
+            )
+        size = leaves[0].shape[0]
+        if training and size is not None and size != per_replica_batch_size:
+            raise ConfigError(
+                f"{kind.__name__}.{where} yields batches of {size} but per_replica_batch_size "
+                f"is {per_replica_batch_size} (global_batch_size {global_batch_size} / "
+                f"{replicas} replicas); batch with the per_replica_batch_size argument."
+            )
+    if kind.train_step is not Task.train_step or not training:
+        return
+    batch = _zeros(element_spec, per_replica_batch_size)
+    try:
+        inputs = task.input_pre(batch, lr)
+        outputs = model(inputs, training=False)
+        loss = loss_fn(task.loss_pre(outputs, batch, model, lr))
+    except Exception as e:  # noqa: BLE001 -- any failure here is a data/model mismatch
+        text = " ".join(str(e).split())[:400]
+        raise ConfigError(
+            f"a batch from {kind.__name__}.{where} ({received}) does not fit the model and "
+            f"loss: {type(e).__name__}: {text}"
+        ) from e
+    shape = getattr(loss, "shape", None)
+    if shape is not None and shape.rank not in (0, None):
+        raise ConfigError(
+            f"{kind.__name__}'s loss must return the SUM over the batch (a scalar); it returned "
+            f"shape {list(shape)}. Reduce with tf.reduce_sum in build_losses."
+        )
