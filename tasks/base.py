@@ -195,8 +195,13 @@ class Task:
         of the display gradients).
         """
         update, trainable_vars, logs = self.compute_update(
-            batch, model, optimizer, metrics,
-            loss_fn=loss_fn, lr=lr, global_batch_size=global_batch_size,
+            batch,
+            model,
+            optimizer,
+            metrics,
+            loss_fn=loss_fn,
+            lr=lr,
+            global_batch_size=global_batch_size,
         )
         keras_compat.apply_gradients(optimizer, update, trainable_vars)
         return logs

@@ -36,8 +36,15 @@ class NanAt(TinyTask):
 
 def _run(task, model_dir, guard, steps, strategy="one_device"):
     return run_experiment(
-        task, str(model_dir), mode="train", train_steps=steps, global_batch_size=B,
-        steps_per_loop=1, checkpoint_interval=5, strategy=strategy, progress=False,
+        task,
+        str(model_dir),
+        mode="train",
+        train_steps=steps,
+        global_batch_size=B,
+        steps_per_loop=1,
+        checkpoint_interval=5,
+        strategy=strategy,
+        progress=False,
         nan_guard=guard,
     )
 

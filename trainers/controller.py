@@ -31,6 +31,7 @@ class Controller(orbit.Controller):
             path = checkpoints.restore_newest_readable(manager.checkpoint, manager)
         if path:
             logging.info("restored from checkpoint %s", path)
+            print(f"orbitask: resumed from {path} (step {int(self.global_step.numpy())})")
         return path
 
     def _maybe_save_checkpoint(self, check_interval: bool = True) -> bool:

@@ -1,0 +1,97 @@
+"""Bad input is refused before any work, with one line saying what was expected and received."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.helpers import TinyTask
+from trainers import ConfigError, run_experiment
+
+
+def _run(task, model_dir, **kwargs):
+    settings = dict(mode="train", train_steps=3, global_batch_size=8, progress=False)
+    settings.update(kwargs)
+    return run_experiment(task, str(model_dir), **settings)
+
+
+class Triples(TinyTask):
+    def build_inputs(self, per_replica_batch_size, input_context=None, training=True):
+        ds = tf.data.Dataset.from_tensor_slices((self.x, self.y, self.y)).repeat()
+        return ds.batch(per_replica_batch_size, drop_remainder=True)
+
+
+class FloatLabels(TinyTask):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.y = self.y.astype(np.float32)
+
+
+class ColumnLabels(TinyTask):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.y = self.y[:, None]
+
+
+class GlobalBatch(TinyTask):
+    def build_inputs(self, per_replica_batch_size, input_context=None, training=True):
+        return super().build_inputs(16, input_context, training)
+
+
+class PerExampleLoss(TinyTask):
+    def build_losses(self):
+        def loss_fn(loss_input):
+            logits, labels = loss_input
+            return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+
+        return loss_fn
+
+
+CASES = [
+    (
+        Triples,
+        r"must yield \(inputs, labels\) pairs .* received elements \(float32\[8, 6\], int32\[8\], int32\[8\]\)",
+    ),
+    (FloatLabels, r"does not fit the model and loss: .*(int32|float)"),
+    (ColumnLabels, r"does not fit the model and loss: .*(rank|shape|dimension)"),
+    (GlobalBatch, r"yields batches of 16 but per_replica_batch_size is 8"),
+    (PerExampleLoss, r"must return the SUM over the batch \(a scalar\); it returned shape \[8\]"),
+]
+
+
+@pytest.mark.parametrize("task_class,message", CASES, ids=[c[0].__name__ for c in CASES])
+def test_bad_data_is_reported_before_any_step(tmp_path, task_class, message):
+    with pytest.raises(ConfigError, match=message) as info:
+        _run(task_class(), tmp_path)
+    assert "\n" not in str(info.value).split("In call to configurable")[0].strip()
+    assert tf.train.latest_checkpoint(str(tmp_path)) is None  # nothing was trained or saved
+
+
+@pytest.mark.parametrize(
+    "settings,message",
+    [
+        (dict(global_batch_size=9, strategy="mirrored"), r"\(9\) must be divisible by .* \(2\)"),
+        (dict(mode="fit"), r"`mode` must be one of train, eval"),
+        (dict(strategy="tpu_pod"), r"`strategy` must be .* received 'tpu_pod'"),
+        (dict(train_steps=0), r"`train_steps` must be a positive integer; received 0"),
+        (dict(steps_per_loop=-1), r"`steps_per_loop` must be a positive integer"),
+    ],
+)
+def test_bad_settings(tmp_path, settings, message):
+    with pytest.raises(ConfigError, match=message):
+        _run(TinyTask(), tmp_path / "run", **settings)
+    assert not (tmp_path / "run").exists()
+
+
+def test_model_dir_that_is_not_writable(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    with pytest.raises(ConfigError, match=r"--model_dir .*a_file/run.* is not writable"):
+        _run(TinyTask(), blocker / "run")
+
+
+def test_existing_checkpoints_survive_a_bad_restart(tmp_path):
+    _run(TinyTask(), tmp_path, train_steps=4, checkpoint_interval=2)
+    before = sorted(p.name for p in tmp_path.glob("ckpt-*"))
+    with pytest.raises(ConfigError):
+        _run(GlobalBatch(), tmp_path, train_steps=8)
+    assert sorted(p.name for p in tmp_path.glob("ckpt-*")) == before

@@ -1,0 +1,93 @@
+"""Nothing lost, nothing silent: kill -9 and SIGTERM resume exactly; determinism; corruption."""
+
+import random
+import shutil
+import signal
+
+import pytest
+import tensorflow as tf
+
+from tests import faults
+
+STEPS = 600
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_kill_9_then_restart_gives_bit_identical_weights(tmp_path, replicas):
+    reference = tmp_path / "uninterrupted"
+    done = faults.run(faults.command(reference, replicas, STEPS))
+    assert done.returncode == 0, done.stderr[-2000:]
+
+    model_dir = tmp_path / "killed"
+    cmd = faults.command(model_dir, replicas, STEPS)
+    rng = random.Random(replicas)
+    killed = faults.kill_at_random(cmd, model_dir, rng)
+    assert killed.returncode == -signal.SIGKILL
+    stopped_at = tf.train.latest_checkpoint(str(model_dir))
+    assert not stopped_at.endswith(f"-{STEPS}"), "the kill came too late to test anything"
+
+    resumed = faults.run(cmd)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert tf.train.latest_checkpoint(str(model_dir)).endswith(f"-{STEPS}")
+    faults.assert_identical(faults.final_state(reference), faults.final_state(model_dir))
+
+
+def test_two_fresh_deterministic_runs_are_identical(tmp_path):
+    for name in ("a", "b"):
+        done = faults.run(faults.command(tmp_path / name, 1, 60))
+        assert done.returncode == 0, done.stderr[-2000:]
+    faults.assert_identical(faults.final_state(tmp_path / "a"), faults.final_state(tmp_path / "b"))
+
+
+def test_sigterm_saves_exits_75_and_resumes_exactly(tmp_path):
+    reference = tmp_path / "uninterrupted"
+    assert faults.run(faults.command(reference, 1, STEPS)).returncode == 0
+
+    model_dir = tmp_path / "preempted"
+    cmd = faults.command(model_dir, 1, STEPS)
+    proc = faults.kill_at_random(cmd, model_dir, random.Random(3), sig=signal.SIGTERM)
+    output = proc.stdout.read()
+    assert proc.returncode == 75, output[-2000:]
+    assert "SIGTERM received: saved checkpoint" in output
+    step = int(tf.train.latest_checkpoint(str(model_dir)).rsplit("-", 1)[1])
+    assert 0 < step < STEPS and step % 10 == 0  # saved at a loop boundary, not only at 20s
+
+    resumed = faults.run(cmd)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    faults.assert_identical(faults.final_state(reference), faults.final_state(model_dir))
+
+
+def test_corrupt_latest_checkpoint_falls_back_and_keeps_files(tmp_path):
+    model_dir = tmp_path / "run"
+    assert faults.run(faults.command(model_dir, 1, 60)).returncode == 0
+    latest = tf.train.latest_checkpoint(str(model_dir))
+    assert latest.endswith("-60")
+    data = next(model_dir.glob("ckpt-60.data-*"))
+    data.write_bytes(b"garbage" * 1000)
+    before = sorted(p.name for p in model_dir.glob("ckpt-*"))
+
+    resumed = faults.run(faults.command(model_dir, 1, 80))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "ckpt-60" in resumed.stdout and "unreadable" in resumed.stdout
+    assert "resumed from" in resumed.stdout and "ckpt-40 (step 40)" in resumed.stdout
+    after = sorted(p.name for p in model_dir.glob("ckpt-*"))
+    assert set(before) - {"ckpt-60.data-00000-of-00001", "ckpt-60.index"} <= set(after)
+    assert tf.train.latest_checkpoint(str(model_dir)).endswith("-80")
+    # It went on from step 40 (the newest readable), so it trained steps 41..80.
+    assert "step 50: loss" in resumed.stdout
+
+
+def test_checkpoint_of_another_model_names_variable_and_shapes(tmp_path):
+    model_dir = tmp_path / "run"
+    assert faults.run(faults.command(model_dir, 1, 20)).returncode == 0
+    other = faults.run(
+        faults.command(model_dir, 1, 40, extra=["orbitask.DigitsClassification.hidden_units=(16,)"])
+    )
+    assert other.returncode == 2
+    lines = [x for x in other.stderr.splitlines() if x.startswith("orbitask: error:")]
+    assert len(lines) == 1, other.stderr[-2000:]
+    line = lines[0]
+    assert line.startswith("orbitask: error: checkpoint")
+    assert "dense/kernel" in line and "(64, 32)" in line and "(64, 16)" in line
+    assert "Traceback" not in other.stderr
+    shutil.rmtree(model_dir)
