@@ -49,7 +49,8 @@ class PerExampleLoss(TinyTask):
 CASES = [
     (
         Triples,
-        r"must yield \(inputs, labels\) pairs .* received elements \(float32\[8, 6\], int32\[8\], int32\[8\]\)",
+        r"must yield \(inputs, labels\) pairs .* received elements "
+        r"\(float32\[8, 6\], int32\[8\], int32\[8\]\)",
     ),
     (FloatLabels, r"does not fit the model and loss: .*(int32|float)"),
     (ColumnLabels, r"does not fit the model and loss: .*(rank|shape|dimension)"),
