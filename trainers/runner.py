@@ -80,7 +80,8 @@ def run_experiment(
       strategy: a name ("auto", "one_device", "mirrored", ...) or a `tf.distribute.Strategy`.
       use_tf_while_loop: run each device loop as one `tf.while_loop`.
       progress: show the progress display.
-      continuous_eval_timeout: seconds to wait for a new checkpoint in continuous_eval.
+      continuous_eval_timeout: in continuous_eval, seconds between checks for a new checkpoint
+        (default 30); it stops after evaluating the checkpoint at `train_steps`.
       nan_guard: a `trainers.NanGuard` to skip non-finite steps and roll back; None keeps the
         seed's behaviour (NaN gradients zeroed, step taken).
       seed: when set, seeds everything and enables op determinism (two fresh runs give
@@ -309,9 +310,10 @@ def _setup(
         elif mode == "eval":
             controller.evaluate(eval_steps_arg)
         else:
+            # Poll for new checkpoints; stop once the one at train_steps has been evaluated.
             controller.evaluate_continuously(
                 eval_steps_arg,
-                timeout=continuous_eval_timeout,
+                timeout=continuous_eval_timeout or 30,
                 timeout_fn=lambda: int(global_step.numpy()) >= train_steps,
             )
         train_summaries.flush()
