@@ -4,10 +4,12 @@ from tasks.base import Task
 from tasks.callback_task import CallbackTask
 from tasks.callbacks import CallbackContext, print_loss, print_step
 from tasks.digits import DigitsClassification
+from tasks.digits_cnn import DigitsCNN
 
 __all__ = [
     "CallbackContext",
     "CallbackTask",
+    "DigitsCNN",
     "DigitsClassification",
     "Task",
     "print_loss",

@@ -11,11 +11,15 @@ Default `train_step`, per replica, inside `strategy.run` under `tf.function`::
     loss = loss_fn(loss_input)
     loss_per_batch, extra_loss, trainable_vars = grad_pre(loss, outputs, batch, model, loss_fn, lr)
     scaled = loss_per_batch / global_batch_size + extra_loss / num_replicas
+    process_metrics(metrics, batch, outputs)
     gradients = all_reduce_sum(d scaled / d trainable_vars)
     update_gradients, display_gradients = update_pre(gradients, loss, outputs, batch, model,
                                                      loss_fn, lr, optimizer)
     optimizer.apply_gradients(zip(update_gradients, trainable_vars))   # applied once
-    process_metrics(metrics, batch, outputs)
+
+With gradient accumulation over K batches, the lines up to `process_metrics` run once per
+micro-batch (with `global_batch_size` and the extra-loss divisor both K times larger) and their
+gradients are summed before the single all-reduce, `update_pre` and update.
 """
 
 from __future__ import annotations
@@ -216,11 +220,69 @@ class Task:
         loss_fn: Any,
         lr: tf.Variable,
         global_batch_size: int,
+        micro_batches: int = 1,
     ) -> tuple[list, list, dict[str, tf.Tensor]]:
         """The default train step up to, not including, `apply_gradients`.
 
+        With `micro_batches` K > 1, `batch` is a tuple of K per-replica batches whose gradients
+        are summed before the all-reduce (gradient accumulation: one update per K batches, equal
+        to one batch K times larger); `global_batch_size` is then the examples of all K.
+
         Returns `(update_gradients, trainable_vars, logs)`. The trainer's NaN guard calls this and
         applies the update only when every replica's loss is finite.
+        """
+        replicas = tf.distribute.get_replica_context().num_replicas_in_sync
+        parts = batch if micro_batches > 1 else (batch,)
+        total, scaled_sum = None, 0.0
+        for part in parts:  # unrolled: K is small, and each micro-batch is its own graph
+            gradients, trainable_vars, aux = self.compute_gradients(
+                part,
+                model,
+                metrics,
+                loss_fn=loss_fn,
+                lr=lr,
+                global_batch_size=global_batch_size,
+                micro_batches=micro_batches,
+            )
+            scaled_sum += aux["scaled_loss"]
+            total = (
+                gradients
+                if total is None
+                else [
+                    a if b is None else (b if a is None else a + b)
+                    for a, b in zip(total, gradients, strict=True)
+                ]
+            )
+        gradients = all_reduce_sum(total)
+        update, display = self.update_pre(
+            gradients, aux["loss"], aux["outputs"], part, model, loss_fn, lr, optimizer
+        )
+        present = [g for g in display if g is not None]
+        logs = {
+            "loss": scaled_sum * float(replicas),
+            "grad_norm": tf.linalg.global_norm(present) if present else tf.constant(0.0),
+        }
+        return update, trainable_vars, logs
+
+    def compute_gradients(
+        self,
+        batch: Any,
+        model: Any,
+        metrics: list | None = None,
+        *,
+        loss_fn: Any,
+        lr: tf.Variable,
+        global_batch_size: int,
+        micro_batches: int = 1,
+    ) -> tuple[list, list, dict[str, Any]]:
+        """This replica's gradients of its share of the loss, before any all-reduce.
+
+        The differentiated value is `loss_per_batch / global_batch_size + extra_loss /
+        (num_replicas * micro_batches)`, so summing over replicas and micro-batches gives the
+        gradient one device would compute on the whole global batch.
+
+        Returns `(gradients, trainable_vars, aux)`, aux holding `loss`, `outputs` and
+        `scaled_loss`. Updates `metrics`.
         """
         replicas = tf.distribute.get_replica_context().num_replicas_in_sync
         with tf.GradientTape() as tape:
@@ -233,19 +295,10 @@ class Task:
             )
             scaled = tf.cast(loss_per_batch, tf.float32) / float(global_batch_size) + tf.cast(
                 extra_loss, tf.float32
-            ) / float(replicas)
+            ) / float(replicas * micro_batches)
         gradients = tape.gradient(scaled, trainable_vars)
-        gradients = all_reduce_sum(gradients)
-        update, display = self.update_pre(
-            gradients, loss, outputs, batch, model, loss_fn, lr, optimizer
-        )
         self.process_metrics(metrics, batch, outputs)
-        present = [g for g in display if g is not None]
-        logs = {
-            "loss": scaled * float(replicas),
-            "grad_norm": tf.linalg.global_norm(present) if present else tf.constant(0.0),
-        }
-        return update, trainable_vars, logs
+        return gradients, trainable_vars, {"loss": loss, "outputs": outputs, "scaled_loss": scaled}
 
     def validation_step(
         self, batch: Any, model: Any, metrics: list | None = None, *, loss_fn: Any, lr: Any

@@ -102,6 +102,13 @@ def learning_rate_variable(optimizer: Any) -> Any:
     return None
 
 
+def sync_learning_rate(optimizer: Any, lr: Any) -> None:
+    """Copies the learning-rate variable into the optimizer's own (eager or traced)."""
+    target = learning_rate_variable(optimizer)
+    if target is not None:
+        target.assign(tf.cast(lr, target.dtype))
+
+
 def apply_gradients(optimizer: Any, gradients: list, variables: list) -> None:
     """Applies gradients that are already summed over replicas, exactly once.
 

@@ -85,12 +85,14 @@ def final_state(model_dir) -> dict[str, np.ndarray]:
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(model_dir)))
     out = {}
     for name, dtype in reader.get_variable_to_dtype_map().items():
-        if dtype != tf.variant and name != "_CHECKPOINTABLE_OBJECT_GRAPH":
+        # save_counter counts saves (a SIGTERM adds one), not training state.
+        bookkeeping = ("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter/.ATTRIBUTES/VARIABLE_VALUE")
+        if dtype != tf.variant and name not in bookkeeping:
             out[name] = reader.get_tensor(name)
     return out
 
 
 def assert_identical(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
+    assert a.keys() == b.keys(), f"keys differ: {sorted(set(a) ^ set(b))}"
     for name in a:
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)

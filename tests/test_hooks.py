@@ -6,7 +6,7 @@ import tensorflow as tf
 from tests.helpers import Recorder, TinyTask
 from trainers import run_experiment
 
-STAGES = ("input_pre", "loss_pre", "grad_pre", "update_pre", "process_metrics")
+STAGES = ("input_pre", "loss_pre", "grad_pre", "process_metrics", "update_pre")
 BUILDERS = (
     "build_model",
     "build_losses",

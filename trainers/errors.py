@@ -11,3 +11,7 @@ class NonFiniteLossError(RuntimeError):
 
 class Preempted(RuntimeError):
     """The run received SIGTERM, saved a checkpoint and stopped; rerun to resume."""
+
+
+class EarlyStop(Exception):
+    """Raised by the validation control to end training early; the runner handles it."""

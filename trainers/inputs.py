@@ -1,9 +1,21 @@
 """Input pipelines: a checkpointable train iterator and a distributed eval dataset.
 
 Training: `build_inputs(per_replica_batch_size, input_context)` is called once per worker and
-`make_batches` applied; each step takes one element per local replica from that plain `tf.data`
+`make_batches` applied; each step takes one element per replica from that plain `tf.data`
 iterator (replica r gets the r-th). A `DistributedIterator` cannot be saved; this plain iterator
 can, so a checkpoint holds the exact input position, shuffle buffer included.
+
+Multi-worker (`multi_worker_mirrored`): every worker builds the SAME single input pipeline
+(`input_context` says one pipeline), takes all of a step's elements and keeps its own replicas'.
+Every worker's iterator is then in the same state at every step, which is what makes restoring
+"from the chief's checkpoint" exact on every worker: an iterator state holds its shard's
+position and shuffle buffer, so the chief's state restored into a worker sharded differently
+would replay the chief's data. The price: each worker reads the whole global batch.
+
+Parameter server: each worker builds its own pipeline (`input_pipeline_id` = the worker index,
+a tensor) through `ClusterCoordinator.create_per_worker_dataset`; those iterators cannot be
+saved, so a resumed PS job restarts its input from the beginning (weights, optimizer and step
+are restored).
 """
 
 from __future__ import annotations
@@ -12,28 +24,7 @@ from typing import Any
 
 import tensorflow as tf
 
-
-def input_context(strategy: tf.distribute.Strategy, global_batch_size: int):
-    """The `tf.distribute.InputContext` of this worker's single input pipeline."""
-    resolver = getattr(strategy, "cluster_resolver", None)
-    workers, worker_id = 1, 0
-    if resolver is not None and resolver.cluster_spec().as_dict():
-        spec = resolver.cluster_spec().as_dict()
-        workers = len(spec.get("worker", [])) + len(spec.get("chief", []))
-        worker_id = _worker_index(resolver)
-    return tf.distribute.InputContext(
-        num_input_pipelines=workers,
-        input_pipeline_id=worker_id,
-        num_replicas_in_sync=strategy.num_replicas_in_sync,
-    )
-
-
-def _worker_index(resolver) -> int:
-    spec = resolver.cluster_spec().as_dict()
-    has_chief = bool(spec.get("chief"))
-    if resolver.task_type == "chief":
-        return 0
-    return (resolver.task_id or 0) + (1 if has_chief else 0)
+from trainers.cluster import is_parameter_server
 
 
 def _build(task: Any, per_replica: int, context, training: bool) -> tf.data.Dataset:
@@ -47,20 +38,46 @@ def _build(task: Any, per_replica: int, context, training: bool) -> tf.data.Data
 
 
 def train_iterator(task: Any, strategy: tf.distribute.Strategy, global_batch_size: int):
-    """A plain, checkpointable iterator over this worker's training batches. Eager, in scope."""
+    """A plain, checkpointable iterator over the training batches (the same on every worker).
+
+    Eager, in scope. Under `parameter_server`: one iterator per worker (not checkpointable).
+    """
     per_replica = global_batch_size // strategy.num_replicas_in_sync
-    context = input_context(strategy, global_batch_size)
+    if is_parameter_server(strategy):
+        return _per_worker_iterator(task, strategy, per_replica)
+    context = tf.distribute.InputContext(1, 0, strategy.num_replicas_in_sync)
     with tf.device("/cpu:0"):
         dataset = _build(task, per_replica, context, training=True)
         return iter(dataset)
 
 
 def eval_dataset(task: Any, strategy: tf.distribute.Strategy, global_batch_size: int):
-    """The validation dataset, one pipeline per worker, distributed over replicas."""
+    """The validation dataset, one pipeline per worker, distributed over replicas.
+
+    Under `parameter_server` a plain dataset: the coordinator evaluates it itself.
+    """
     per_replica = global_batch_size // strategy.num_replicas_in_sync
+    if is_parameter_server(strategy):
+        return _build(task, per_replica, None, training=False)
 
     def dataset_fn(context):
         return _build(task, per_replica, context, training=False)
 
     options = tf.distribute.InputOptions(experimental_fetch_to_device=True)
     return strategy.distribute_datasets_from_function(dataset_fn, options)
+
+
+def _per_worker_iterator(task: Any, strategy: tf.distribute.Strategy, per_replica: int):
+    """One plain iterator per PS worker, sharded by worker index; carries `element_spec`."""
+    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    workers = strategy.cluster_resolver.cluster_spec().num_tasks("worker")
+
+    def dataset_fn():
+        index = tf.distribute.coordinator.experimental_get_current_worker_index()
+        context = tf.distribute.InputContext(workers, index, strategy.num_replicas_in_sync)
+        return _build(task, per_replica, context, training=True)
+
+    dataset = coordinator.create_per_worker_dataset(dataset_fn)
+    iterator = iter(dataset)
+    iterator.element_spec = dataset.element_spec  # for the pre-flight input check
+    return iterator

@@ -12,14 +12,16 @@ import tensorflow as tf
 from absl import logging
 
 from tasks import CallbackContext, Task, keras_compat
+from trainers import cluster, validation
 from trainers import inputs as inputs_lib
-from trainers import validation
 from trainers.callback_runner import CallbackAction
 from trainers.controller import Controller
 from trainers.determinism import make_deterministic
-from trainers.errors import ConfigError
+from trainers.errors import ConfigError, EarlyStop
+from trainers.learning_rate import LearningRate
 from trainers.preemption import PreemptionWatcher
 from trainers.progress import ProgressAction
+from trainers.ps_trainer import ParameterServerTrainer
 from trainers.strategies import build_strategy, logical_cpus
 from trainers.trainer import TaskTrainer
 
@@ -59,6 +61,8 @@ def run_experiment(
     nan_guard: Any = None,
     seed: int | None = None,
     cpu_devices: int | None = None,
+    gradient_accumulation_steps: int = 1,
+    validation_control: Any = None,
 ) -> dict:
     """Trains and/or evaluates `task`, writing checkpoints and summaries under `model_dir`.
 
@@ -72,7 +76,8 @@ def run_experiment(
       train_steps: the global step training stops at.
       global_batch_size: one step's batch over all replicas; `build_inputs` gets
         `global_batch_size / num_replicas_in_sync`.
-      learning_rate: initial value of the checkpointed learning-rate variable.
+      learning_rate: the rate (float), or a `step -> rate` schedule such as
+        `@orbitask.learning_rate_schedule()`; kept in a checkpointed variable.
       steps_per_loop: the longest device loop; loops also end where a callback is due.
       eval_interval: train steps between evaluations in train_and_eval (None: only at the end).
       eval_steps: validation steps per evaluation; None runs the whole validation dataset.
@@ -88,6 +93,10 @@ def run_experiment(
         identical weights).
       cpu_devices: split the CPU into this many logical devices first (so `mirrored` has that
         many replicas without GPUs); must be set before TensorFlow has started.
+      gradient_accumulation_steps: K batches of `global_batch_size` per optimizer update; the
+        global step and callbacks count updates.
+      validation_control: a `trainers.ValidationControl` (best-checkpoint export to `best/`,
+        LR halving on a worse validation, early stop), or None.
 
     Returns:
       `{"train": last train logs, "eval": last eval logs}` (Python floats / NumPy arrays).
@@ -123,6 +132,8 @@ def _setup(
     nan_guard,
     seed,
     cpu_devices,
+    gradient_accumulation_steps,
+    validation_control,
 ):
     """Validates settings and builds every object; returns `execute()` that runs the mode."""
     for name, value in (("task", task), ("model_dir", model_dir), ("train_steps", train_steps)):
@@ -142,6 +153,13 @@ def _setup(
     _check_positive("eval_steps", eval_steps, allow_none=True)
     _check_positive("checkpoint_interval", checkpoint_interval, allow_none=True)
     _check_positive("cpu_devices", cpu_devices, allow_none=True)
+    _check_positive("gradient_accumulation_steps", gradient_accumulation_steps)
+    uses_default_step = type(task).train_step is Task.train_step
+    if gradient_accumulation_steps > 1 and not uses_default_step:
+        raise ValueError(
+            f"gradient_accumulation_steps needs the default train_step, but "
+            f"{type(task).__name__} overrides it; accumulate in your train_step instead."
+        )
     if not isinstance(model_dir, str) or not model_dir:
         raise ValueError(f"`model_dir` must be a non-empty path; received {model_dir!r}.")
     if seed is not None:
@@ -153,7 +171,10 @@ def _setup(
                 f"`cpu_devices` is {cpu_devices} but TensorFlow already started with {got} CPU "
                 "device(s); set it before anything else uses TensorFlow."
             )
+    if cluster.is_server_task(strategy):
+        return cluster.serve  # a parameter-server job's worker or ps task only serves
     strategy = build_strategy(strategy)
+    chief = cluster.is_chief(strategy)  # only the chief keeps checkpoints, summaries, config
     replicas = strategy.num_replicas_in_sync
     if global_batch_size % replicas:
         raise ValueError(
@@ -185,14 +206,17 @@ def _setup(
             task.keras_flavour = keras_compat.model_flavour(model) or keras_compat.KERAS3
         loss_fn = task.build_losses()
         global_step = orbit.utils.create_global_step()
+        schedule = learning_rate if callable(learning_rate) else None
+        initial_lr = float(schedule(0)) if schedule else float(learning_rate)
         lr = tf.Variable(
-            float(learning_rate),
+            initial_lr,
             trainable=False,
             dtype=tf.float32,
             name="learning_rate",
             aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
         )
-        optimizer = task.build_optimizer(float(learning_rate))
+        lr_control = LearningRate(lr, schedule)
+        optimizer = task.build_optimizer(initial_lr)
         keras_compat.check_matching(model, optimizer)
         train_metrics = task.build_metrics(training=True) if training else []
         eval_metrics = task.build_metrics(training=False) if evaluating else []
@@ -219,6 +243,9 @@ def _setup(
                 replicas,
             )
         callbacks = CallbackAction(task, global_step, make_context, None)
+        extra_state = {"learning_rate_factor": lr_control.factor}
+        if validation_control is not None and evaluating:
+            extra_state["validation_control"] = validation_control.build()
         checkpoint, manager = _build_checkpoint(
             task,
             model_dir,
@@ -230,11 +257,14 @@ def _setup(
             train_iterator,
             checkpoint_interval,
             callbacks.trackables(),
+            extra_state,
         )
+        manager = cluster.for_this_worker(manager, strategy)
     eval_dataset = (
         inputs_lib.eval_dataset(task, strategy, global_batch_size) if evaluating else None
     )
-    trainer = TaskTrainer(
+    ps = cluster.is_parameter_server(strategy)
+    trainer = (ParameterServerTrainer if ps else TaskTrainer)(
         task=task,
         strategy=strategy,
         model=model,
@@ -249,17 +279,20 @@ def _setup(
         eval_metrics=eval_metrics,
         use_tf_while_loop=use_tf_while_loop,
         nan_guard=nan_guard if training else None,
+        gradient_accumulation_steps=gradient_accumulation_steps,
+        learning_rate=lr_control if schedule else None,
     )
-    _write_operative_config(model_dir)
+    if chief:
+        _write_operative_config(model_dir)
 
     train_summaries = orbit.utils.SummaryManager(
-        os.path.join(model_dir, "train"), tf.summary.scalar, global_step=global_step
+        os.path.join(model_dir, "train") if chief else None, tf.summary.scalar, global_step
     )
     eval_summaries = orbit.utils.SummaryManager(
-        os.path.join(model_dir, "eval"), tf.summary.scalar, global_step=global_step
+        os.path.join(model_dir, "eval") if chief else None, tf.summary.scalar, global_step
     )
     callbacks.summary_writer = train_summaries.summary_writer()
-    progress_action = ProgressAction(global_step, train_steps) if progress else None
+    progress_action = ProgressAction(global_step, train_steps) if progress and chief else None
     train_actions = [callbacks, lambda out: results.__setitem__("train", dict(out))]
     if progress_action:
         train_actions.append(progress_action)
@@ -280,6 +313,12 @@ def _setup(
             bounds.append(checkpoint_interval - step % checkpoint_interval)
         return max(1, min(bounds))
 
+    eval_actions = [lambda out: results.__setitem__("eval", dict(out))]
+    if validation_control is not None and evaluating:
+        eval_actions.append(
+            validation_control.action(model_dir, checkpoint, manager, lr_control, global_step)
+        )
+
     controller = Controller(
         checkpoint_interval=checkpoint_interval,
         global_step=global_step,
@@ -287,7 +326,7 @@ def _setup(
         evaluator=trainer if evaluating else None,
         strategy=strategy,
         train_actions=train_actions,
-        eval_actions=[lambda out: results.__setitem__("eval", dict(out))],
+        eval_actions=eval_actions,
         steps_per_loop=loop_length,
         checkpoint_manager=manager,
         summary_manager=train_summaries,
@@ -298,11 +337,19 @@ def _setup(
 
     def execute() -> dict:
         with preemption:
-            return run_mode()
+            try:
+                return run_mode()
+            except EarlyStop as stop:
+                manager.save(checkpoint_number=int(global_step.numpy()), check_interval=False)
+                print(f"orbitask: {stop}", flush=True)
+                results["early_stop"] = str(stop)
+                return results
 
     def run_mode() -> dict:
         if progress_action:
             progress_action.start()
+        if training and validation_control is not None and validation_control.stopped():
+            raise EarlyStop(f"already stopped early at step {int(global_step.numpy())}")
         if mode == "train":
             controller.train(train_steps)
         elif mode == "train_and_eval":
@@ -340,15 +387,18 @@ def _build_checkpoint(
     train_iterator,
     interval,
     stateful_callbacks,
+    extra_state,
 ):
     """The task's checkpoint plus the input position and the state of stateful callbacks."""
     trackables = dict(step=global_step, lr=lr, optimizer=optimizer, train_model=model)
     trackables["train_loss"] = loss_fn
     checkpoint, manager = task.build_checkpoint(model_dir, **trackables)
-    if train_iterator is not None:
+    if isinstance(train_iterator, tf.__internal__.tracking.Trackable):  # not PS per-worker ones
         checkpoint.train_iterator = train_iterator
     if stateful_callbacks:
         checkpoint.callbacks = tf.train.Checkpoint(**stateful_callbacks)
+    for name, value in extra_state.items():
+        setattr(checkpoint, name, value)
     # Re-made so Orbit saves every `interval` steps with the global step as the number (a
     # manager without an interval is never saved by the Controller), keeping the task's policy.
     manager = tf.train.CheckpointManager(

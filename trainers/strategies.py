@@ -25,23 +25,24 @@ def build_strategy(strategy: str | tf.distribute.Strategy = "auto") -> tf.distri
             f"`strategy` must be a tf.distribute.Strategy or one of {', '.join(NAMES)}; "
             f"received {strategy!r}. Set run_experiment.strategy in your .gin file."
         )
+    # Multi-worker strategies must configure collectives before anything initialises TensorFlow.
+    if strategy == "multi_worker_mirrored":
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    if strategy == "parameter_server":
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        return tf.distribute.experimental.ParameterServerStrategy(resolver)
     gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
     cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
     if strategy == "auto":
         return tf.distribute.MirroredStrategy(gpus) if len(gpus) > 1 else _one_device(gpus, cpus)
     if strategy == "one_device":
         return _one_device(gpus, cpus)
-    if strategy == "mirrored":
-        devices = gpus or cpus
-        if len(devices) == 1:
-            return tf.distribute.MirroredStrategy(devices)
-        return tf.distribute.MirroredStrategy(
-            devices, cross_device_ops=None if gpus else tf.distribute.ReductionToOneDevice()
-        )
-    if strategy == "multi_worker_mirrored":
-        return tf.distribute.MultiWorkerMirroredStrategy()
-    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    return tf.distribute.experimental.ParameterServerStrategy(resolver)
+    devices = gpus or cpus  # "mirrored"
+    if len(devices) == 1:
+        return tf.distribute.MirroredStrategy(devices)
+    return tf.distribute.MirroredStrategy(
+        devices, cross_device_ops=None if gpus else tf.distribute.ReductionToOneDevice()
+    )
 
 
 def _one_device(gpus: list[str], cpus: list[str]) -> tf.distribute.Strategy:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tokenize
 
 from absl import flags
 
@@ -55,11 +56,25 @@ def parse_gin(gin_files: list[str], gin_params: list[str]) -> None:
     for path in (os.getcwd(), REPO_ROOT):
         gin.add_config_file_search_path(path)
     for path in gin_files:
-        if not os.path.exists(path) and not os.path.exists(os.path.join(REPO_ROOT, path)):
+        if not os.path.isfile(path) and not os.path.isfile(os.path.join(REPO_ROOT, path)):
             raise ConfigError(f"--gin_file {path!r} does not exist.")
+    # A gin `import my_task` finds my_task.py in the working directory or next to the .gin file.
+    for folder in (os.getcwd(), *(os.path.dirname(os.path.abspath(p)) for p in gin_files)):
+        if folder not in sys.path:
+            sys.path.append(folder)
     try:
         gin.parse_config_files_and_bindings(gin_files, gin_params, finalize_config=False)
-    except (ValueError, KeyError, TypeError, SyntaxError, OSError, ImportError) as e:
+    except ImportError as e:
+        raise ConfigError(
+            f"bad gin config: {_one_line(e)}. A module in a gin `import` line must be importable: "
+            "put it next to the .gin file or in the working directory, or pip install it."
+        ) from e
+    except tokenize.TokenError as e:
+        raise ConfigError(
+            f"bad gin config: {e.args[0]}: an unclosed bracket or quote in --gin_params or a "
+            ".gin file."
+        ) from e
+    except (ValueError, KeyError, TypeError, SyntaxError, OSError) as e:
         raise ConfigError(f"bad gin config: {_one_line(e)}") from e
 
 
@@ -103,10 +118,14 @@ def _one_line(error: BaseException) -> str:
 def main(argv: list[str]) -> int:
     """Runs the binary on `argv` (without the program name); returns the exit status."""
     FLAGS.unparse_flags()  # a second main() in one process must not see the last call's flags
+    if {"-h", "--help", "--helpfull"} & set(argv):
+        flag_help = FLAGS.get_help(include_special_flags=False).strip()
+        print(f"usage: orbitask [train] FLAGS\n\n{flag_help}")
+        return 0
     try:
         FLAGS(["orbitask", *argv])
     except flags.Error as e:
-        return _fail(f"{e}. See `orbitask --helpfull`.")
+        return _fail(f"{e}. See `orbitask --help`.")
     if not FLAGS.gin_file:
         return _fail("--gin_file is required, e.g. --gin_file=experiments/digits.gin")
     if not FLAGS.model_dir:
@@ -126,6 +145,9 @@ def main(argv: list[str]) -> int:
     except NonFiniteLossError as e:
         _fail(str(e))
         return EXIT_NONFINITE
+    except NotImplementedError as e:  # e.g. TASK = @orbitask.Task(): a builder is missing
+        first = (str(e).strip().splitlines() or ["a builder is not implemented."])[0]
+        return _fail(f"{first} Fix TASK in your experiment's .gin file or the Task class.")
     except Preempted as e:
         print(f"orbitask: preempted: {e}", file=sys.stderr)
         return EXIT_PREEMPTED

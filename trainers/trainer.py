@@ -46,6 +46,10 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
       train_metrics, eval_metrics: Keras metrics built by the task.
       use_tf_while_loop: run each device loop as one `tf.while_loop` (default) or a Python loop.
       nan_guard: a built `trainers.NanGuard`, or None (the seed's behaviour).
+      gradient_accumulation_steps: batches per optimizer update (K); each step takes K batches
+        per replica and sums their gradients before one all-reduce and one update.
+      learning_rate: a `trainers.learning_rate.LearningRate` whose schedule sets `lr` at every
+        step, or None (then `lr` changes only when a callback assigns it).
     """
 
     def __init__(
@@ -65,9 +69,13 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         eval_metrics: list | None = None,
         use_tf_while_loop: bool = True,
         nan_guard: Any = None,
+        gradient_accumulation_steps: int = 1,
+        learning_rate: Any = None,
     ):
         self.task = task
         self.nan_guard = nan_guard
+        self.accumulation = gradient_accumulation_steps
+        self.learning_rate = learning_rate
         self.strategy = strategy
         self.model = model
         self.optimizer = optimizer
@@ -137,9 +145,7 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
 
     def train_loop_begin(self):
         """Eager, before each device loop: lr into the optimizer, metrics reset, retrace check."""
-        opt_lr = keras_compat.learning_rate_variable(self.optimizer)
-        if opt_lr is not None:
-            opt_lr.assign(tf.cast(self.lr, opt_lr.dtype))
+        keras_compat.sync_learning_rate(self.optimizer, self.lr)
         for metric in self.train_metrics:
             metric.reset_state()
         signature = _trainable_signature(self.model)
@@ -149,16 +155,36 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
             self._train_loop_fn = None
 
     def train_step(self, iterator):
-        """One distributed step (cross-replica context, traced)."""
+        """One distributed step = one optimizer update (cross-replica context, traced)."""
         batch = self._next_replica_batches(iterator)
+        if self.learning_rate is not None:
+            self.learning_rate.step_update(self.global_step, self.optimizer)
         if self.nan_guard is not None:
             return self._guarded_train_step(batch)
-        logs = self.strategy.run(self._replica_train_step, args=(batch,))
+        replica_fn = self._replica_train_step if self.accumulation == 1 else self._replica_update
+        logs = self.strategy.run(replica_fn, args=(batch,))
         logs = {
             k: self.strategy.reduce(tf.distribute.ReduceOp.MEAN, v, axis=None)
             for k, v in logs.items()
         }
         self.global_step.assign_add(1)
+        return logs
+
+    def _compute_update(self, batch):
+        return self.task.compute_update(
+            batch,
+            self.model,
+            self.optimizer,
+            self.train_metrics,
+            loss_fn=self.loss_fn,
+            lr=self.lr,
+            global_batch_size=self.global_batch_size * self.accumulation,
+            micro_batches=self.accumulation,
+        )
+
+    def _replica_update(self, batch):
+        update, variables, logs = self._compute_update(batch)
+        keras_compat.apply_gradients(self.optimizer, update, variables)
         return logs
 
     def _guarded_train_step(self, batch):
@@ -170,15 +196,7 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         held = {}
 
         def compute(batch):
-            update, variables, logs = self.task.compute_update(
-                batch,
-                self.model,
-                self.optimizer,
-                self.train_metrics,
-                loss_fn=self.loss_fn,
-                lr=self.lr,
-                global_batch_size=self.global_batch_size,
-            )
+            update, variables, logs = self._compute_update(batch)
             held["pairs"] = [
                 (i, v)
                 for i, (g, v) in enumerate(zip(update, variables, strict=True))
@@ -223,15 +241,24 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         )
 
     def _next_replica_batches(self, iterator):
-        """Takes one element of the plain iterator per local replica; replica r gets the r-th."""
-        count = len(self._local_replicas)
+        """Takes the elements of one step from the plain iterator and hands them to replicas.
+
+        One element per replica (replica r gets the r-th); with gradient accumulation K,
+        K rounds of that, and replica r gets the tuple of its K micro-batches. Multi-worker: every
+        worker reads the same stream, takes all replicas' elements and keeps its own.
+        """
+        count = self.strategy.num_replicas_in_sync
+        rounds = [[next(iterator) for _ in range(count)] for _ in range(self.accumulation)]
         if count == 1:
-            return next(iterator)
-        batches = [next(iterator) for _ in range(count)]
-        offset = _first_local_replica_id(self.strategy)
-        return self.strategy.experimental_distribute_values_from_function(
-            lambda ctx: batches[ctx.replica_id_in_sync_group - offset]
-        )
+            return rounds[0][0] if self.accumulation == 1 else tuple(r[0] for r in rounds)
+
+        def for_replica(ctx):
+            replica = ctx.replica_id_in_sync_group
+            if self.accumulation == 1:
+                return rounds[0][replica]
+            return tuple(r[replica] for r in rounds)
+
+        return self.strategy.experimental_distribute_values_from_function(for_replica)
 
     def train_loop_end(self, logs=None) -> dict:
         """Eager: the last step's logs, the train metrics and the learning rate, as floats."""
@@ -276,15 +303,6 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
 def _trainable_signature(model: Any) -> tuple:
     models = model.values() if isinstance(model, dict) else [model]
     return tuple(id(v) for m in models for v in getattr(m, "trainable_variables", []))
-
-
-def _first_local_replica_id(strategy: tf.distribute.Strategy) -> int:
-    """The global id of this worker's first replica (0 on one machine)."""
-    resolver = getattr(strategy, "cluster_resolver", None)
-    if resolver is None or not resolver.cluster_spec().as_dict():
-        return 0
-    task_id = resolver.task_id or 0
-    return task_id * len(strategy.extended.worker_devices)
 
 
 def _to_python(value: Any) -> Any:

@@ -1,0 +1,120 @@
+"""Cluster roles from TF_CONFIG: the chief, non-chief checkpoint folders, parameter-server tasks.
+
+Multi-worker rules (DESIGN, known traps):
+
+- Every worker calls save: reading a SyncOnRead variable is a collective, so a save on the chief
+  alone deadlocks. Non-chief workers save into their own temporary folder (one checkpoint kept,
+  removed when the process exits); only the chief's checkpoints, in the model directory, count.
+- Every worker restores from the chief's checkpoints, so the model directory must be storage
+  that every machine reads (GCS, NFS, ...). The input position restored is the chief's; that is
+  exact because every worker reads the same input stream (`trainers.inputs`).
+- Only the chief writes summaries and the operative config.
+
+Under `parameter_server`, the chief is the coordinator that runs the program; `worker` and `ps`
+tasks only serve TensorFlow's runtime (`serve`) until the job stops them.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shutil
+import tempfile
+
+import tensorflow as tf
+from absl import logging
+
+SERVER_TASKS = ("worker", "ps")
+
+
+def tf_config() -> dict:
+    """TF_CONFIG parsed (`{}` when unset)."""
+    return json.loads(os.environ.get("TF_CONFIG") or "{}")
+
+
+def task_type() -> str | None:
+    """This process's task type in TF_CONFIG ("chief", "worker", "ps", ...), or None."""
+    return tf_config().get("task", {}).get("type")
+
+
+def is_chief(strategy: tf.distribute.Strategy) -> bool:
+    """True on the process whose checkpoints, summaries and config are kept (one machine: True)."""
+    return bool(strategy.extended.should_checkpoint)
+
+
+def is_parameter_server(strategy: tf.distribute.Strategy) -> bool:
+    """True for a `ParameterServerStrategy` (trained by `trainers.ps_trainer`)."""
+    return isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
+
+
+def is_server_task(strategy_name: object) -> bool:
+    """True for a `worker` or `ps` task of a `parameter_server` job: it only serves (`serve`)."""
+    return strategy_name == "parameter_server" and task_type() in SERVER_TASKS
+
+
+def serve() -> dict:
+    """Runs this worker / ps task's TensorFlow server; blocks until the process is stopped. Eager.
+
+    The coordinator (the chief) sends these servers the functions and variables to run and hold.
+    """
+    os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")  # TF's advice for PS fault tolerance
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    server = tf.distribute.Server(
+        resolver.cluster_spec(),
+        job_name=resolver.task_type,
+        task_index=resolver.task_id,
+        protocol=resolver.rpc_layer or "grpc",
+        start=True,
+    )
+    print(f"orbitask: {resolver.task_type} {resolver.task_id} serving at {server.target}")
+    server.join()
+    return {}
+
+
+def for_this_worker(
+    manager: tf.train.CheckpointManager, strategy: tf.distribute.Strategy
+) -> tf.train.CheckpointManager:
+    """`manager` on the chief; on any other worker, a `WorkerCheckpointManager` like it."""
+    if is_chief(strategy):
+        return manager
+    return WorkerCheckpointManager(
+        manager.checkpoint,
+        manager.directory,
+        step_counter=manager._step_counter,  # noqa: SLF001
+        checkpoint_interval=manager._checkpoint_interval,  # noqa: SLF001
+    )
+
+
+class WorkerCheckpointManager(tf.train.CheckpointManager):
+    """A non-chief worker's manager: restores the chief's checkpoints, saves into a temp folder.
+
+    `checkpoints` lists the chief's checkpoints (what a restore reads); `save` writes into a
+    temporary folder keeping one checkpoint, deleted at exit; `latest_checkpoint` is this worker's
+    last save, or the chief's latest when it started, so that every worker sees the same step and
+    takes the same decision to save or not (saves may be collectives).
+
+    Args:
+      checkpoint: this worker's `tf.train.Checkpoint`.
+      chief_directory: the model directory the chief saves into.
+      **kwargs: passed to `tf.train.CheckpointManager` (step_counter, checkpoint_interval).
+    """
+
+    def __init__(self, checkpoint: tf.train.Checkpoint, chief_directory: str, **kwargs):
+        self.chief_directory = chief_directory
+        self.temp_directory = tempfile.mkdtemp(prefix="orbitask-worker-")
+        atexit.register(shutil.rmtree, self.temp_directory, True)
+        self._chief_latest = tf.train.latest_checkpoint(chief_directory)
+        super().__init__(checkpoint, self.temp_directory, max_to_keep=1, **kwargs)
+        logging.info("non-chief worker: saving into %s", self.temp_directory)
+
+    @property
+    def checkpoints(self) -> list[str]:
+        """The chief's checkpoints, oldest first."""
+        state = tf.train.get_checkpoint_state(self.chief_directory)
+        return list(state.all_model_checkpoint_paths) if state else []
+
+    @property
+    def latest_checkpoint(self) -> str | None:
+        """This worker's last save, else the chief's latest checkpoint when this worker started."""
+        return self._latest_checkpoint or self._chief_latest
