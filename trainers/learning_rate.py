@@ -30,7 +30,7 @@ def learning_rate_schedule(
     warmup_steps: int = 0,
     warmup_start: float = 0.0,
 ) -> Any:
-    """Builds a `step -> learning rate` schedule. Eager; the result is traced into the step.
+    """Returns a `step -> learning rate` schedule. Eager; the result is traced into the step.
 
     Args:
       kind: "constant"; "exponential" (nabu: `initial * decay_rate ** (step / decay_steps)`);

@@ -63,6 +63,7 @@ def run_experiment(
     cpu_devices: int | None = None,
     gradient_accumulation_steps: int = 1,
     validation_control: Any = None,
+    jit_compile: bool = False,
 ) -> dict:
     """Trains and/or evaluates `task`, writing checkpoints and summaries under `model_dir`.
 
@@ -97,6 +98,8 @@ def run_experiment(
         global step and callbacks count updates.
       validation_control: a `trainers.ValidationControl` (best-checkpoint export to `best/`,
         LR halving on a worse validation, early stop), or None.
+      jit_compile: compile the per-replica train step with XLA (`tf.function(jit_compile=True)`);
+        see README, "Performance", for when it helps.
 
     Returns:
       `{"train": last train logs, "eval": last eval logs}` (Python floats / NumPy arrays).
@@ -134,6 +137,7 @@ def _setup(
     cpu_devices,
     gradient_accumulation_steps,
     validation_control,
+    jit_compile,
 ):
     """Validates settings and builds every object; returns `execute()` that runs the mode."""
     for name, value in (("task", task), ("model_dir", model_dir), ("train_steps", train_steps)):
@@ -230,7 +234,6 @@ def _setup(
             nan_guard.build()
         train_iterator = None
         if training:
-            keras_compat.build_optimizer_slots(optimizer, _trainable_variables(model))
             train_iterator = inputs_lib.train_iterator(task, strategy, global_batch_size)
             validation.check_inputs(
                 task,
@@ -242,6 +245,14 @@ def _setup(
                 global_batch_size,
                 replicas,
             )
+            # After check_inputs, which calls the model once: a Keras model without an Input
+            # layer only has weights from then on, and the optimizer must be built with them.
+            if not _trainable_variables(model):
+                raise ValueError(
+                    f"{type(task).__name__}.build_model() returned a model without trainable "
+                    "weights; give it an input shape (e.g. keras.Input((64,)) as its first layer)."
+                )
+            keras_compat.build_optimizer_slots(optimizer, _trainable_variables(model))
         callbacks = CallbackAction(task, global_step, make_context, None)
         extra_state = {"learning_rate_factor": lr_control.factor}
         if validation_control is not None and evaluating:
@@ -260,6 +271,8 @@ def _setup(
             extra_state,
         )
         manager = cluster.for_this_worker(manager, strategy)
+    if evaluating:
+        validation.check_finite_eval(task, global_batch_size // replicas, eval_steps)
     eval_dataset = (
         inputs_lib.eval_dataset(task, strategy, global_batch_size) if evaluating else None
     )
@@ -281,6 +294,7 @@ def _setup(
         nan_guard=nan_guard if training else None,
         gradient_accumulation_steps=gradient_accumulation_steps,
         learning_rate=lr_control if schedule else None,
+        jit_compile=jit_compile,
     )
     if chief:
         _write_operative_config(model_dir)
@@ -365,6 +379,10 @@ def _setup(
             )
         train_summaries.flush()
         eval_summaries.flush()
+        scalars = {k: v for k, v in results["eval"].items() if isinstance(v, (int, float))}
+        if scalars:
+            text = ", ".join(f"{k} {v:.4g}" for k, v in sorted(scalars.items()))
+            print(f"orbitask: eval at step {int(global_step.numpy())}: {text}")
         print(f"orbitask: checkpoints in {model_dir}; TensorBoard: --logdir {model_dir}")
         return results
 
@@ -399,16 +417,15 @@ def _build_checkpoint(
         checkpoint.callbacks = tf.train.Checkpoint(**stateful_callbacks)
     for name, value in extra_state.items():
         setattr(checkpoint, name, value)
-    # Re-made so Orbit saves every `interval` steps with the global step as the number (a
-    # manager without an interval is never saved by the Controller), keeping the task's policy.
+    # Re-made without an interval: `trainers.Controller` decides when to save (at multiples of
+    # the interval), and a manager with an interval silently refuses a second save at the same
+    # step (needed after an evaluation changed checkpointed state, or on SIGTERM).
     manager = tf.train.CheckpointManager(
         checkpoint,
         manager.directory,
         max_to_keep=manager._max_to_keep,  # noqa: SLF001
         keep_checkpoint_every_n_hours=manager._keep_checkpoint_every_n_hours,  # noqa: SLF001
         checkpoint_name=os.path.basename(manager._checkpoint_prefix),  # noqa: SLF001
-        step_counter=global_step,
-        checkpoint_interval=interval,
     )
     return checkpoint, manager
 

@@ -51,7 +51,7 @@ class ValidationControl:
         self.worse = None
 
     def build(self) -> tf.train.Checkpoint:
-        """Creates the checkpointed state (in strategy scope); returns it for the checkpoint."""
+        """Eager, in strategy scope: creates the state; returns it (a Checkpoint) to save."""
         self.worse = tf.Variable(
             0,
             dtype=tf.int64,
@@ -62,12 +62,12 @@ class ValidationControl:
         return tf.train.Checkpoint(worse_validations=self.worse)
 
     def stopped(self) -> bool:
-        """True if a restored run had already stopped early."""
+        """Eager. Returns True if the (restored) state says training already stopped early."""
         patience = self.early_stop_patience
         return patience is not None and int(self.worse.numpy()) >= patience
 
     def action(self, model_dir, checkpoint, manager, learning_rate, global_step):
-        """Returns the eval action (eager, after each evaluation)."""
+        """Eager. Returns the eval action, a callable run eagerly after each evaluation."""
         exporter = train_utils.BestCheckpointExporter(
             os.path.join(model_dir, "best"),
             self.metric,

@@ -1,0 +1,137 @@
+"""Gradient accumulation, learning-rate schedules, and nabu's validation-driven control."""
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.helpers import Recorder, TinyTask
+from trainers import ValidationControl, learning_rate_schedule, run_experiment
+
+
+class Rec(TinyTask):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.rec = Recorder()
+
+    def every_steps(self):
+        return {1: self.rec}
+
+
+def _weights(model_dir):
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(model_dir)))
+    return {
+        n: reader.get_tensor(n)
+        for n in reader.get_variable_to_shape_map()
+        if n.startswith("train_model")
+    }
+
+
+@pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
+def test_accumulating_k_batches_equals_one_batch_k_times_larger(tmp_path, strategy):
+    common = dict(mode="train", learning_rate=0.05, progress=False, strategy=strategy)
+    big, acc = Rec(l2=0.05), Rec(l2=0.05)
+    run_experiment(big, str(tmp_path / "big"), train_steps=3, global_batch_size=24, **common)
+    run_experiment(
+        acc,
+        str(tmp_path / "acc"),
+        train_steps=3,
+        global_batch_size=8,
+        gradient_accumulation_steps=3,
+        **common,
+    )
+    # The step counter and callbacks count optimizer updates.
+    assert [s for s, _ in acc.rec.calls] == [1, 2, 3]
+    for (_, a), (_, b) in zip(big.rec.calls, acc.rec.calls, strict=True):
+        np.testing.assert_allclose(b["loss"], a["loss"], rtol=1e-5)
+        np.testing.assert_allclose(b["grad_norm"], a["grad_norm"], rtol=1e-5)
+    wa, wb = _weights(tmp_path / "big"), _weights(tmp_path / "acc")
+    for name in wa:
+        np.testing.assert_allclose(wb[name], wa[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize(
+    "kind,kwargs,at",
+    [
+        ("exponential", dict(decay_steps=10, decay_rate=0.5), {0: 0.1, 10: 0.05, 20: 0.025}),
+        ("cosine", dict(decay_steps=10), {0: 0.1, 5: 0.05, 10: 0.0}),
+        ("constant", dict(warmup_steps=4), {0: 0.0, 2: 0.05, 4: 0.1, 9: 0.1}),
+    ],
+)
+def test_schedules_drive_the_rate_at_every_step(tmp_path, kind, kwargs, at):
+    schedule = learning_rate_schedule(kind, initial=0.1, **kwargs)
+    for step, value in at.items():
+        assert float(schedule(step)) == pytest.approx(value, abs=1e-6)
+    task = Rec()
+    run_experiment(
+        task,
+        str(tmp_path),
+        mode="train",
+        train_steps=6,
+        global_batch_size=8,
+        learning_rate=schedule,
+        steps_per_loop=100,
+        progress=False,
+    )
+    # Logged after step s: the rate used by step s was schedule(s - 1).
+    for step, logs in task.rec.calls:
+        assert logs["learning_rate"] == pytest.approx(float(schedule(step - 1)), rel=1e-5)
+
+
+def test_schedule_needs_decay_steps():
+    with pytest.raises(ValueError, match="decay_steps"):
+        learning_rate_schedule("cosine")
+
+
+class Worsening(TinyTask):
+    """Validation loss rises after the first evaluation (a huge learning rate diverges)."""
+
+    def __init__(self):
+        super().__init__()
+        self.rates = Recorder()
+
+    def every_steps(self):
+        return {1: self.rates}
+
+
+def _control_run(model_dir, steps, control, lr=3.0):
+    task = Worsening()
+    logs = run_experiment(
+        task,
+        str(model_dir),
+        mode="train_and_eval",
+        train_steps=steps,
+        global_batch_size=8,
+        learning_rate=lr,
+        eval_interval=2,
+        checkpoint_interval=2,
+        progress=False,
+        validation_control=control,
+    )
+    return task, logs
+
+
+def test_halves_lr_on_worse_validation_exports_best_and_stops_early(tmp_path):
+    control = ValidationControl(metric="loss", early_stop_patience=2)
+    task, logs = _control_run(tmp_path, 40, control)
+    assert "early_stop" in logs and "did not improve for 2" in logs["early_stop"]
+    stopped = int(logs["early_stop"].split("step ")[1].split(":")[0])
+    assert stopped < 40
+    rates = sorted({round(l["learning_rate"], 6) for _, l in task.rates.calls}, reverse=True)
+    assert rates[:2] == [3.0, 1.5]  # halved once per worse validation
+    best = json.loads((tmp_path / "best" / "info.json").read_text())
+    assert best["loss"] <= logs["eval"]["loss"]
+    assert tf.train.latest_checkpoint(str(tmp_path / "best"))
+
+    # A restart knows it stopped, and keeps the halved rate and the best value.
+    again, logs2 = _control_run(
+        tmp_path, 40, ValidationControl(metric="loss", early_stop_patience=2)
+    )
+    assert "already stopped early" in logs2.get("early_stop", ""), logs2
+    assert again.rates.calls == []
+
+
+def test_unknown_metric_is_named(tmp_path):
+    with pytest.raises(ValueError, match="'acc' is not in the eval logs"):
+        _control_run(tmp_path, 2, ValidationControl(metric="acc"))
