@@ -22,14 +22,24 @@ class CallbackAction:
       global_step: the trainer's step variable.
       make_context: `make_context(step, logs) -> tasks.CallbackContext`.
       summary_writer: callbacks run with it as the default writer, the step set, recording on.
+      extra_every: `{N: [callbacks]}` the runner adds (e.g. histograms every N steps).
     """
 
-    def __init__(self, task: Any, global_step: tf.Variable, make_context: Callable, summary_writer):
+    def __init__(
+        self,
+        task: Any,
+        global_step: tf.Variable,
+        make_context: Callable,
+        summary_writer,
+        extra_every: dict | None = None,
+    ):
         self.task = task
         self.global_step = global_step
         self.make_context = make_context
         self.summary_writer = summary_writer
         self.every = callbacks_lib.as_callback_lists(task.every_steps(), "every_steps")
+        for n, fns in (extra_every or {}).items():  # built-in periodic work, after the task's
+            self.every[n] = self.every.get(n, []) + list(fns)
         self.at = callbacks_lib.as_callback_lists(task.at_step(), "at_step")
 
     def trackables(self) -> dict:

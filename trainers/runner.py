@@ -12,7 +12,7 @@ import tensorflow as tf
 from absl import logging
 
 from tasks import CallbackContext, Task, keras_compat
-from trainers import cluster, validation
+from trainers import cluster, summaries, validation
 from trainers import inputs as inputs_lib
 from trainers.callback_runner import CallbackAction
 from trainers.controller import Controller
@@ -64,6 +64,7 @@ def run_experiment(
     gradient_accumulation_steps: int = 1,
     validation_control: Any = None,
     jit_compile: bool = False,
+    histogram_interval: int | None = None,
 ) -> dict:
     """Trains and/or evaluates `task`, writing checkpoints and summaries under `model_dir`.
 
@@ -98,6 +99,7 @@ def run_experiment(
         global step and callbacks count updates.
       validation_control: a `trainers.ValidationControl` (best-checkpoint export to `best/`,
         LR halving on a worse validation, early stop), or None.
+      histogram_interval: write histograms of the trainable variables every this many steps.
       jit_compile: compile the per-replica train step with XLA (`tf.function(jit_compile=True)`);
         see README, "Performance", for when it helps.
 
@@ -138,6 +140,7 @@ def _setup(
     gradient_accumulation_steps,
     validation_control,
     jit_compile,
+    histogram_interval,
 ):
     """Validates settings and builds every object; returns `execute()` that runs the mode."""
     for name, value in (("task", task), ("model_dir", model_dir), ("train_steps", train_steps)):
@@ -158,6 +161,7 @@ def _setup(
     _check_positive("checkpoint_interval", checkpoint_interval, allow_none=True)
     _check_positive("cpu_devices", cpu_devices, allow_none=True)
     _check_positive("gradient_accumulation_steps", gradient_accumulation_steps)
+    _check_positive("histogram_interval", histogram_interval, allow_none=True)
     uses_default_step = type(task).train_step is Task.train_step
     if gradient_accumulation_steps > 1 and not uses_default_step:
         raise ValueError(
@@ -253,7 +257,8 @@ def _setup(
                     "weights; give it an input shape (e.g. keras.Input((64,)) as its first layer)."
                 )
             keras_compat.build_optimizer_slots(optimizer, _trainable_variables(model))
-        callbacks = CallbackAction(task, global_step, make_context, None)
+        extra_every = {histogram_interval: [summaries.histograms]} if histogram_interval else {}
+        callbacks = CallbackAction(task, global_step, make_context, None, extra_every)
         extra_state = {"learning_rate_factor": lr_control.factor}
         if validation_control is not None and evaluating:
             extra_state["validation_control"] = validation_control.build()
@@ -300,10 +305,10 @@ def _setup(
         _write_operative_config(model_dir)
 
     train_summaries = orbit.utils.SummaryManager(
-        os.path.join(model_dir, "train") if chief else None, tf.summary.scalar, global_step
+        os.path.join(model_dir, "train") if chief else None, summaries.write, global_step
     )
     eval_summaries = orbit.utils.SummaryManager(
-        os.path.join(model_dir, "eval") if chief else None, tf.summary.scalar, global_step
+        os.path.join(model_dir, "eval") if chief else None, summaries.write, global_step
     )
     callbacks.summary_writer = train_summaries.summary_writer()
     progress_action = ProgressAction(global_step, train_steps) if progress and chief else None
