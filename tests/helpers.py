@@ -73,3 +73,17 @@ class Recorder:
 
 def weights(model) -> list[np.ndarray]:
     return [np.array(v) for v in model.weights]
+
+
+def checkpoint_weights(task, model_dir) -> list[np.ndarray]:
+    """The model weights in the latest checkpoint of `model_dir`, restored into a fresh model.
+
+    (Keys alone do not tell: a variable is stored once, under the first path the checkpoint
+    finds, which may be the optimizer's reference to it.)
+    """
+    model = task.build_model()
+    path = tf.train.latest_checkpoint(str(model_dir))
+    tf.train.Checkpoint(train_model=model).restore(path).expect_partial()
+    values = weights(model)
+    assert values, "the model has no weights"
+    return values

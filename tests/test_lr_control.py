@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.helpers import Recorder, TinyTask
+from tests.helpers import Recorder, TinyTask, checkpoint_weights
 from trainers import ValidationControl, learning_rate_schedule, run_experiment
 
 
@@ -20,12 +20,7 @@ class Rec(TinyTask):
 
 
 def _weights(model_dir):
-    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(model_dir)))
-    return {
-        n: reader.get_tensor(n)
-        for n in reader.get_variable_to_shape_map()
-        if n.startswith("train_model")
-    }
+    return checkpoint_weights(Rec(l2=0.05), model_dir)
 
 
 @pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
@@ -47,8 +42,8 @@ def test_accumulating_k_batches_equals_one_batch_k_times_larger(tmp_path, strate
         np.testing.assert_allclose(b["loss"], a["loss"], rtol=1e-5)
         np.testing.assert_allclose(b["grad_norm"], a["grad_norm"], rtol=1e-5)
     wa, wb = _weights(tmp_path / "big"), _weights(tmp_path / "acc")
-    for name in wa:
-        np.testing.assert_allclose(wb[name], wa[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    for a, b in zip(wa, wb, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -118,7 +113,7 @@ def test_halves_lr_on_worse_validation_exports_best_and_stops_early(tmp_path):
     assert "early_stop" in logs and "did not improve for 2" in logs["early_stop"]
     stopped = int(logs["early_stop"].split("step ")[1].split(":")[0])
     assert stopped < 40
-    rates = sorted({round(l["learning_rate"], 6) for _, l in task.rates.calls}, reverse=True)
+    rates = sorted({round(logs_["learning_rate"], 6) for _, logs_ in task.rates.calls}, reverse=True)
     assert rates[:2] == [3.0, 1.5]  # halved once per worse validation
     best = json.loads((tmp_path / "best" / "info.json").read_text())
     assert best["loss"] <= logs["eval"]["loss"]

@@ -11,6 +11,7 @@ from trainers.runner import run_experiment  # noqa: E402
 from trainers.strategies import build_strategy, logical_cpus  # noqa: E402
 from trainers.trainer import TaskTrainer  # noqa: E402
 from trainers.validation_control import ValidationControl  # noqa: E402
+from trainers.warm_start import WarmStart  # noqa: E402
 
 __all__ = [
     "ConfigError",
@@ -19,6 +20,7 @@ __all__ = [
     "Preempted",
     "TaskTrainer",
     "ValidationControl",
+    "WarmStart",
     "build_strategy",
     "learning_rate_schedule",
     "logical_cpus",

@@ -65,6 +65,7 @@ def run_experiment(
     validation_control: Any = None,
     jit_compile: bool = False,
     histogram_interval: int | None = None,
+    warm_start: Any = None,
 ) -> dict:
     """Trains and/or evaluates `task`, writing checkpoints and summaries under `model_dir`.
 
@@ -100,6 +101,8 @@ def run_experiment(
       validation_control: a `trainers.ValidationControl` (best-checkpoint export to `best/`,
         LR halving on a worse validation, early stop), or None.
       histogram_interval: write histograms of the trainable variables every this many steps.
+      warm_start: a `trainers.WarmStart` copying model weights from a pretrained checkpoint
+        into a fresh run (never the optimizer, step or input position), or None.
       jit_compile: compile the per-replica train step with XLA (`tf.function(jit_compile=True)`);
         see README, "Performance", for when it helps.
 
@@ -141,6 +144,7 @@ def _setup(
     validation_control,
     jit_compile,
     histogram_interval,
+    warm_start,
 ):
     """Validates settings and builds every object; returns `execute()` that runs the mode."""
     for name, value in (("task", task), ("model_dir", model_dir), ("train_steps", train_steps)):
@@ -256,7 +260,7 @@ def _setup(
                     f"{type(task).__name__}.build_model() returned a model without trainable "
                     "weights; give it an input shape (e.g. keras.Input((64,)) as its first layer)."
                 )
-            keras_compat.build_optimizer_slots(optimizer, _trainable_variables(model))
+            keras_compat.build_optimizer_slots(optimizer, _trainable_variables(model), model)
         extra_every = {histogram_interval: [summaries.histograms]} if histogram_interval else {}
         callbacks = CallbackAction(task, global_step, make_context, None, extra_every)
         extra_state = {"learning_rate_factor": lr_control.factor}
@@ -353,6 +357,8 @@ def _setup(
         eval_summary_dir=os.path.join(model_dir, "eval"),  # else Orbit reuses train/
     )
     eval_steps_arg = eval_steps or -1
+    if warm_start is not None and manager.latest_checkpoint is None:
+        warm_start.apply(model)  # fresh run only: a resumed run keeps its own weights
 
     def execute() -> dict:
         with preemption:
