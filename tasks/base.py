@@ -95,7 +95,7 @@ class Task:
         raise NotImplementedError(f"{type(self).__name__} must implement build_inputs().")
 
     def make_batches(self, dataset: tf.data.Dataset, per_replica_batch_size: int):
-        """Custom batching applied to `build_inputs`' dataset (seed default: unchanged). Eager."""
+        """Returns the dataset with custom batching (seed default: unchanged). Eager, once."""
         del per_replica_batch_size
         return dataset
 
@@ -104,13 +104,17 @@ class Task:
         raise NotImplementedError(f"{type(self).__name__} must implement build_model().")
 
     def build_losses(self) -> Any:
-        """Returns `loss_fn` with `loss = loss_fn(loss_input)`: the SUM over the replica's batch."""
+        """Returns `loss_fn`, `loss = loss_fn(loss_input)`: the SUM over the replica's batch.
+
+        Eager, once, in strategy scope; `loss_fn` itself is traced by tf.function in each step.
+        """
         raise NotImplementedError(f"{type(self).__name__} must implement build_losses().")
 
     def build_optimizer(self, learning_rate: Any) -> Any:
         """Returns the optimizer: `Nadam(learning_rate, epsilon=1e-3)` of the model's flavour.
 
-        The runner keeps the optimizer's rate equal to its checkpointed learning-rate variable.
+        Eager, once, in strategy scope. The runner keeps the optimizer's rate equal to its
+        checkpointed learning-rate variable.
         """
         return keras_compat.nadam(
             learning_rate, self.optimizer_epsilon, self.keras_flavour or keras_compat.KERAS3
@@ -119,7 +123,10 @@ class Task:
     def build_checkpoint(
         self, directory: str, **trackables: Any
     ) -> tuple[tf.train.Checkpoint, tf.train.CheckpointManager]:
-        """Returns `(checkpoint, manager)` saving every trackable given, keeping `max_to_keep`."""
+        """Returns `(checkpoint, manager)` saving every trackable given, keeping `max_to_keep`.
+
+        Eager, once, in strategy scope.
+        """
         kept = {k: v for k, v in trackables.items() if _is_trackable(v)}
         checkpoint = tf.train.Checkpoint(**kept)
         manager = tf.train.CheckpointManager(checkpoint, directory, max_to_keep=self.max_to_keep)
@@ -134,19 +141,25 @@ class Task:
     # Step stages: traced by tf.function, run per replica inside `strategy.run`.
 
     def input_pre(self, batch: Any, lr: Any) -> Any:
-        """Model input from the batch (seed default: the first of an `(inputs, gt)` pair)."""
+        """Returns the model input (seed default: the first of an `(inputs, gt)` batch).
+
+        Traced by tf.function, per replica (train and validation steps).
+        """
         del lr
         inputs, _ = batch
         return inputs
 
     def loss_pre(self, outputs: Any, batch: Any, model: Any, lr: Any) -> Any:
-        """Loss input (seed default: `(outputs, gt)`)."""
+        """Returns the loss input (seed default: `(outputs, gt)`). Traced by tf.function."""
         del model, lr
         _, gt = batch
         return outputs, gt
 
     def grad_pre(self, loss, outputs, batch, model, loss_fn, lr):
-        """Returns `(loss_per_batch, extra_loss, trainable_vars)` (seed default: model.losses)."""
+        """Returns `(loss_per_batch, extra_loss, trainable_vars)` (seed default: model.losses).
+
+        Traced by tf.function, per replica, inside the gradient tape.
+        """
         del outputs, batch, loss_fn, lr
         extra = model.losses
         extra_loss = tf.add_n([tf.cast(x, tf.float32) for x in extra]) if extra else 0.0
@@ -155,7 +168,8 @@ class Task:
     def update_pre(self, gradients, loss, outputs, batch, model, loss_fn, lr, optimizer):
         """Returns `(update_gradients, display_gradients)`: NaN -> 0, then global-norm clip.
 
-        Receives the gradient already summed over replicas, so clipping sees the global norm.
+        Traced by tf.function, per replica. Receives the gradient already summed over replicas,
+        so clipping sees the global norm.
         """
         del loss, outputs, batch, model, loss_fn, lr, optimizer
         non_nan = [
@@ -171,7 +185,10 @@ class Task:
         return update, non_nan
 
     def process_metrics(self, metrics: list, batch: Any, outputs: Any) -> None:
-        """Updates each metric with `(gt, outputs)` of an `(inputs, gt)` batch."""
+        """Updates each metric with `(gt, outputs)` of an `(inputs, gt)` batch; returns None.
+
+        Traced by tf.function, per replica, in the train and validation steps.
+        """
         if not metrics:
             return
         _, gt = batch
@@ -193,6 +210,8 @@ class Task:
         global_batch_size: int,
     ) -> dict[str, tf.Tensor]:
         """One optimizer update composed from the stages (see the module docstring).
+
+        Traced by tf.function, per replica, inside `strategy.run`.
 
         Returns logs whose values the trainer averages over replicas: `loss` (the global batch's
         mean loss plus regularisation, as one device would compute it) and `grad_norm` (global norm
@@ -221,12 +240,17 @@ class Task:
         lr: tf.Variable,
         global_batch_size: int,
         micro_batches: int = 1,
+        loss_scale: Any = None,
     ) -> tuple[list, list, dict[str, tf.Tensor]]:
-        """The default train step up to, not including, `apply_gradients`.
+        """The default train step up to, not including, `apply_gradients`. Traced by tf.function.
 
         With `micro_batches` K > 1, `batch` is a tuple of K per-replica batches whose gradients
         are summed before the all-reduce (gradient accumulation: one update per K batches, equal
         to one batch K times larger); `global_batch_size` is then the examples of all K.
+
+        With `loss_scale` (mixed_float16), the loss is scaled up before differentiation and the
+        gradients scaled back; logs then carry `nonfinite_gradients` (1.0 on overflow), checked on
+        the all-reduced gradient before `update_pre`.
 
         Returns `(update_gradients, trainable_vars, logs)`. The trainer's NaN guard calls this and
         applies the update only when every replica's loss is finite.
@@ -243,6 +267,7 @@ class Task:
                 lr=lr,
                 global_batch_size=global_batch_size,
                 micro_batches=micro_batches,
+                loss_scale=loss_scale,
             )
             scaled_sum += aux["scaled_loss"]
             total = (
@@ -254,6 +279,11 @@ class Task:
                 ]
             )
         gradients = all_reduce_sum(total)
+        finite = None
+        if loss_scale is not None:  # float16 overflow: the trainer skips and lowers the scale
+            finite = tf.reduce_all(
+                [tf.reduce_all(tf.math.is_finite(g)) for g in gradients if g is not None]
+            )
         update, display = self.update_pre(
             gradients, aux["loss"], aux["outputs"], part, model, loss_fn, lr, optimizer
         )
@@ -262,6 +292,8 @@ class Task:
             "loss": scaled_sum * float(replicas),
             "grad_norm": tf.linalg.global_norm(present) if present else tf.constant(0.0),
         }
+        if finite is not None:
+            logs["nonfinite_gradients"] = 1.0 - tf.cast(finite, tf.float32)
         return update, trainable_vars, logs
 
     def compute_gradients(
@@ -274,8 +306,11 @@ class Task:
         lr: tf.Variable,
         global_batch_size: int,
         micro_batches: int = 1,
+        loss_scale: Any = None,
     ) -> tuple[list, list, dict[str, Any]]:
         """This replica's gradients of its share of the loss, before any all-reduce.
+
+        Traced by tf.function, per replica.
 
         The differentiated value is `loss_per_batch / global_batch_size + extra_loss /
         (num_replicas * micro_batches)`, so summing over replicas and micro-batches gives the
@@ -296,14 +331,20 @@ class Task:
             scaled = tf.cast(loss_per_batch, tf.float32) / float(global_batch_size) + tf.cast(
                 extra_loss, tf.float32
             ) / float(replicas * micro_batches)
-        gradients = tape.gradient(scaled, trainable_vars)
+            # mixed_float16: differentiate the scaled-up loss so float16 gradients don't underflow
+            target = scaled if loss_scale is None else scaled * loss_scale
+        gradients = tape.gradient(target, trainable_vars)
+        if loss_scale is not None:  # mixed_float16: scale the gradients back down
+            gradients = [
+                None if g is None else tf.cast(g, tf.float32) / loss_scale for g in gradients
+            ]
         self.process_metrics(metrics, batch, outputs)
         return gradients, trainable_vars, {"loss": loss, "outputs": outputs, "scaled_loss": scaled}
 
     def validation_step(
         self, batch: Any, model: Any, metrics: list | None = None, *, loss_fn: Any, lr: Any
     ) -> dict[str, tf.Tensor]:
-        """Forward pass and loss on one replica's batch; updates `metrics`.
+        """Forward pass and loss on one replica's batch; updates `metrics`. Traced by tf.function.
 
         Returns `{"loss": sum over the batch, "num_examples": batch size}`; the default
         `aggregate_logs` sums these over replicas and steps, `reduce_aggregated_logs` divides.
@@ -324,7 +365,7 @@ class Task:
         """Folds one eval step's logs into `state`. Eager.
 
         `step_logs` maps each key of `validation_step`'s logs to a tuple with one value per
-        replica. Default: sums every key over replicas and steps.
+        replica. Default: sums every key over replicas and steps. Returns the new state.
         """
         state = dict(state or {})
         for key, values in step_logs.items():
@@ -335,7 +376,8 @@ class Task:
     def reduce_aggregated_logs(self, aggregated_logs: Any, global_step: int | None = None) -> dict:
         """Turns the aggregated state into final eval logs. Eager.
 
-        Default: every summed key divided by `num_examples` (so `loss` is the mean loss).
+        Returns `{name: value}`. Default: every summed key divided by `num_examples` (so `loss`
+        is the mean loss).
         """
         del global_step
         logs = dict(aggregated_logs or {})
@@ -348,11 +390,14 @@ class Task:
     # Host callbacks.
 
     def every_steps(self) -> dict[int, Any]:
-        """`{N: callback or [callbacks]}` run after every N-th step. Default `{10: print_loss}`."""
+        """Returns `{N: callback or [callbacks]}` run after every N-th step. Eager, once.
+
+        Default `{10: print_loss}`. The callbacks themselves run eagerly, between device loops.
+        """
         return {10: callbacks_lib.print_loss}
 
     def at_step(self) -> dict[int, Any]:
-        """`{N: callback or [callbacks]}` run once, after step N. Default none."""
+        """Returns `{N: callback or [callbacks]}` run once, after step N. Eager; default `{}`."""
         return {}
 
 
@@ -371,4 +416,6 @@ def all_reduce_sum(gradients: list) -> list:
 
 
 def _is_trackable(value: Any) -> bool:
+    if isinstance(value, dict):  # several models or optimizers: checkpointed under their keys
+        return bool(value) and all(_is_trackable(v) for v in value.values())
     return isinstance(value, tf.__internal__.tracking.Trackable)

@@ -19,6 +19,7 @@ from trainers.controller import Controller
 from trainers.determinism import make_deterministic
 from trainers.errors import ConfigError, EarlyStop
 from trainers.learning_rate import LearningRate
+from trainers.precision import DynamicLossScale, precision_policy
 from trainers.preemption import PreemptionWatcher
 from trainers.progress import ProgressAction
 from trainers.ps_trainer import ParameterServerTrainer
@@ -66,6 +67,7 @@ def run_experiment(
     jit_compile: bool = False,
     histogram_interval: int | None = None,
     warm_start: Any = None,
+    mixed_precision: str | None = None,
 ) -> dict:
     """Trains and/or evaluates `task`, writing checkpoints and summaries under `model_dir`.
 
@@ -103,6 +105,9 @@ def run_experiment(
       histogram_interval: write histograms of the trainable variables every this many steps.
       warm_start: a `trainers.WarmStart` copying model weights from a pretrained checkpoint
         into a fresh run (never the optimizer, step or input position), or None.
+      mixed_precision: None, "mixed_float16" (the default step scales the loss dynamically and
+        skips overflowing steps) or "mixed_bfloat16"; the Keras policy of both flavours while
+        the model is built. Give the model a float32 output layer.
       jit_compile: compile the per-replica train step with XLA (`tf.function(jit_compile=True)`);
         see README, "Performance", for when it helps.
 
@@ -145,6 +150,7 @@ def _setup(
     jit_compile,
     histogram_interval,
     warm_start,
+    mixed_precision,
 ):
     """Validates settings and builds every object; returns `execute()` that runs the mode."""
     for name, value in (("task", task), ("model_dir", model_dir), ("train_steps", train_steps)):
@@ -164,6 +170,17 @@ def _setup(
     _check_positive("eval_steps", eval_steps, allow_none=True)
     _check_positive("checkpoint_interval", checkpoint_interval, allow_none=True)
     _check_positive("cpu_devices", cpu_devices, allow_none=True)
+    if mixed_precision not in (None, "mixed_float16", "mixed_bfloat16"):
+        raise ValueError(
+            "`mixed_precision` must be None, 'mixed_float16' or 'mixed_bfloat16'; received "
+            f"{mixed_precision!r}. Set run_experiment.mixed_precision in your .gin file."
+        )
+    if mixed_precision == "mixed_float16" and type(task).train_step is not Task.train_step:
+        raise ValueError(
+            f"mixed_float16 loss scaling needs the default train_step, but "
+            f"{type(task).__name__} overrides it; scale the loss in your train_step (see "
+            "README, Mixed precision) and use mixed_bfloat16, or keep the default step."
+        )
     _check_positive("gradient_accumulation_steps", gradient_accumulation_steps)
     _check_positive("histogram_interval", histogram_interval, allow_none=True)
     uses_default_step = type(task).train_step is Task.train_step
@@ -213,7 +230,8 @@ def _setup(
         )
 
     with strategy.scope():
-        model = task.build_model()
+        with precision_policy(mixed_precision):
+            model = task.build_model()
         if task.keras_flavour is None:
             task.keras_flavour = keras_compat.model_flavour(model) or keras_compat.KERAS3
         loss_fn = task.build_losses()
@@ -264,6 +282,10 @@ def _setup(
         extra_every = {histogram_interval: [summaries.histograms]} if histogram_interval else {}
         callbacks = CallbackAction(task, global_step, make_context, None, extra_every)
         extra_state = {"learning_rate_factor": lr_control.factor}
+        loss_scale = None
+        if mixed_precision == "mixed_float16" and training:
+            loss_scale = DynamicLossScale()
+            extra_state["loss_scale"] = loss_scale.checkpoint()
         if validation_control is not None and evaluating:
             extra_state["validation_control"] = validation_control.build()
         checkpoint, manager = _build_checkpoint(
@@ -303,6 +325,7 @@ def _setup(
         nan_guard=nan_guard if training else None,
         gradient_accumulation_steps=gradient_accumulation_steps,
         learning_rate=lr_control if schedule else None,
+        loss_scale=loss_scale,
         jit_compile=jit_compile,
     )
     if chief:

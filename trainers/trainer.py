@@ -50,6 +50,7 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         per replica and sums their gradients before one all-reduce and one update.
       learning_rate: a `trainers.learning_rate.LearningRate` whose schedule sets `lr` at every
         step, or None (then `lr` changes only when a callback assigns it).
+      jit_compile: compile the per-replica train step with XLA (not the NaN guard's step).
     """
 
     def __init__(
@@ -71,11 +72,16 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         nan_guard: Any = None,
         gradient_accumulation_steps: int = 1,
         learning_rate: Any = None,
+        loss_scale: Any = None,
+        jit_compile: bool = False,
     ):
         self.task = task
         self.nan_guard = nan_guard
         self.accumulation = gradient_accumulation_steps
         self.learning_rate = learning_rate
+        self.loss_scale = loss_scale
+        self.jit_compile = jit_compile
+        self._replica_fn = None
         self.strategy = strategy
         self.model = model
         self.optimizer = optimizer
@@ -104,7 +110,10 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
     # ---------------------------------------------------------------------------- training
 
     def train(self, num_steps: tf.Tensor) -> dict:
-        """Runs `num_steps` train steps as one device loop; returns the last step's logs."""
+        """Runs `num_steps` train steps as one device loop; returns the last step's logs.
+
+        Eager; the loop itself is one tf.function (Orbit's `create_train_loop_fn`).
+        """
         self.train_loop_begin()
         fresh = self._train_loop_fn is None
         if fresh:
@@ -118,6 +127,11 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         """A tf.function running `num_steps` steps and returning the last step's logs."""
         step = self.train_step
         guard = self.nan_guard
+        replica_fn = self._replica_train_step if self.accumulation == 1 else self._replica_update
+        # Made afresh with each loop function, so a retrace also retraces the compiled step.
+        self._replica_fn = (
+            tf.function(replica_fn, jit_compile=True) if self.jit_compile else replica_fn
+        )
 
         if not self._use_tf_while_loop:
             step_fn = tf.function(step)
@@ -144,7 +158,10 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         return loop
 
     def train_loop_begin(self):
-        """Eager, before each device loop: lr into the optimizer, metrics reset, retrace check."""
+        """Eager, before each device loop: lr into the optimizer, metrics reset, retrace check.
+
+        Returns None.
+        """
         keras_compat.sync_learning_rate(self.optimizer, self.lr)
         for metric in self.train_metrics:
             metric.reset_state()
@@ -155,14 +172,16 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
             self._train_loop_fn = None
 
     def train_step(self, iterator):
-        """One distributed step = one optimizer update (cross-replica context, traced)."""
+        """One distributed step = one optimizer update (cross-replica context, traced).
+
+        Returns the step's logs, averaged over replicas.
+        """
         batch = self._next_replica_batches(iterator)
         if self.learning_rate is not None:
             self.learning_rate.step_update(self.global_step, self.optimizer)
-        if self.nan_guard is not None:
+        if self.nan_guard is not None or self.loss_scale is not None:
             return self._guarded_train_step(batch)
-        replica_fn = self._replica_train_step if self.accumulation == 1 else self._replica_update
-        logs = self.strategy.run(replica_fn, args=(batch,))
+        logs = self.strategy.run(self._replica_fn, args=(batch,))
         logs = {
             k: self.strategy.reduce(tf.distribute.ReduceOp.MEAN, v, axis=None)
             for k, v in logs.items()
@@ -180,6 +199,7 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
             lr=self.lr,
             global_batch_size=self.global_batch_size * self.accumulation,
             micro_batches=self.accumulation,
+            loss_scale=None if self.loss_scale is None else self.loss_scale.scale,
         )
 
     def _replica_update(self, batch):
@@ -188,7 +208,8 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         return logs
 
     def _guarded_train_step(self, batch):
-        """Computes the update on every replica, applies it only if every loss is finite.
+        """Computes the update on every replica, applies it only if every loss is finite
+        (NaN guard) and, with float16 loss scaling, the all-reduced gradient too.
 
         The condition lives in cross-replica context: a `tf.cond` around `apply_gradients`
         inside `strategy.run` would cross a synchronisation point, which tf.distribute forbids.
@@ -206,10 +227,15 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
             logs["nonfinite"] = tf.cast(
                 tf.logical_not(tf.reduce_all(tf.math.is_finite(logs["loss"]))), tf.float32
             )
+            if "nonfinite_gradients" not in logs:
+                logs["nonfinite_gradients"] = tf.constant(0.0)
             return [update[i] for i, _ in held["pairs"]], logs
 
         update, logs = self.strategy.run(compute, args=(batch,))
-        bad = self.strategy.reduce(tf.distribute.ReduceOp.SUM, logs.pop("nonfinite"), axis=None) > 0
+        sum_ = tf.distribute.ReduceOp.SUM
+        bad_loss = self.strategy.reduce(sum_, logs.pop("nonfinite"), axis=None) > 0
+        overflow = self.strategy.reduce(sum_, logs.pop("nonfinite_gradients"), axis=None) > 0
+        bad = tf.logical_or(bad_loss, overflow) if self.loss_scale is not None else bad_loss
 
         def apply():
             def replica_apply(gradients):
@@ -220,12 +246,16 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
             return tf.constant(False)
 
         tf.cond(bad, lambda: tf.constant(True), apply)
-        self.nan_guard.record(bad)
         logs = {
             k: self.strategy.reduce(tf.distribute.ReduceOp.MEAN, v, axis=None)
             for k, v in logs.items()
         }
-        logs["nonfinite_steps"] = tf.cast(self.nan_guard.skipped, tf.float32)
+        if self.nan_guard is not None:
+            self.nan_guard.record(bad_loss)
+            logs["nonfinite_steps"] = tf.cast(self.nan_guard.skipped, tf.float32)
+        if self.loss_scale is not None:
+            self.loss_scale.update(overflow)
+            logs["loss_scale"] = tf.identity(self.loss_scale.scale)
         self.global_step.assign_add(1)
         return logs
 
@@ -261,7 +291,7 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         return self.strategy.experimental_distribute_values_from_function(for_replica)
 
     def train_loop_end(self, logs=None) -> dict:
-        """Eager: the last step's logs, the train metrics and the learning rate, as floats."""
+        """Eager: returns the last step's logs, train metrics and learning rate, as floats."""
         out = {k: _to_python(v) for k, v in (logs or {}).items()}
         for metric in self.train_metrics:
             out[metric.name] = _to_python(metric.result())
@@ -288,11 +318,11 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         )
 
     def eval_reduce(self, state=None, step_outputs=None):
-        """Eager: folds one step into the state with the task's `aggregate_logs`."""
+        """Eager: returns the state with one step folded in by the task's `aggregate_logs`."""
         return self.task.aggregate_logs(state, step_outputs)
 
     def eval_end(self, state=None) -> dict:
-        """Eager: the task's reduced logs plus Keras metric results."""
+        """Eager: returns the task's reduced logs plus Keras metric results."""
         step = int(self.global_step.numpy())
         logs = dict(self.task.reduce_aggregated_logs(state, global_step=step) or {})
         for metric in self.eval_metrics:
