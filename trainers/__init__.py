@@ -4,6 +4,7 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # hide TensorFlow's C++ INFO lines
 
+from trainers.ema import ExponentialMovingAverage  # noqa: E402
 from trainers.errors import ConfigError, NonFiniteLossError, Preempted  # noqa: E402
 from trainers.learning_rate import learning_rate_schedule  # noqa: E402
 from trainers.nan_guard import NanGuard  # noqa: E402
@@ -15,6 +16,7 @@ from trainers.warm_start import WarmStart  # noqa: E402
 
 __all__ = [
     "ConfigError",
+    "ExponentialMovingAverage",
     "NanGuard",
     "NonFiniteLossError",
     "Preempted",

@@ -68,6 +68,7 @@ def run_experiment(
     histogram_interval: int | None = None,
     warm_start: Any = None,
     mixed_precision: str | None = None,
+    ema: Any = None,
 ) -> dict:
     """Trains and/or evaluates `task`, writing checkpoints and summaries under `model_dir`.
 
@@ -108,6 +109,7 @@ def run_experiment(
       mixed_precision: None, "mixed_float16" (the default step scales the loss dynamically and
         skips overflowing steps) or "mixed_bfloat16"; the Keras policy of both flavours while
         the model is built. Give the model a float32 output layer.
+      ema: a `trainers.ExponentialMovingAverage`: evaluate and export the averaged weights.
       jit_compile: compile the per-replica train step with XLA (`tf.function(jit_compile=True)`);
         see README, "Performance", for when it helps.
 
@@ -151,6 +153,7 @@ def _setup(
     histogram_interval,
     warm_start,
     mixed_precision,
+    ema,
 ):
     """Validates settings and builds every object; returns `execute()` that runs the mode."""
     for name, value in (("task", task), ("model_dir", model_dir), ("train_steps", train_steps)):
@@ -282,6 +285,8 @@ def _setup(
         extra_every = {histogram_interval: [summaries.histograms]} if histogram_interval else {}
         callbacks = CallbackAction(task, global_step, make_context, None, extra_every)
         extra_state = {"learning_rate_factor": lr_control.factor}
+        if ema is not None:
+            extra_state["ema"] = ema.build(model)
         loss_scale = None
         if mixed_precision == "mixed_float16" and training:
             loss_scale = DynamicLossScale()
@@ -301,6 +306,11 @@ def _setup(
             callbacks.trackables(),
             extra_state,
         )
+        if mode == "eval" and manager.latest_checkpoint is None:  # the chief's directory
+            raise ValueError(
+                f"--mode=eval evaluates the latest checkpoint, and {model_dir!r} has none; pass "
+                "the --model_dir you trained into (continuous_eval waits for checkpoints)."
+            )
         manager = cluster.for_this_worker(manager, strategy)
     if evaluating:
         validation.check_finite_eval(task, global_batch_size // replicas, eval_steps)
@@ -326,6 +336,7 @@ def _setup(
         gradient_accumulation_steps=gradient_accumulation_steps,
         learning_rate=lr_control if schedule else None,
         loss_scale=loss_scale,
+        ema=ema,
         jit_compile=jit_compile,
     )
     if chief:
@@ -362,7 +373,9 @@ def _setup(
     eval_actions = [lambda out: results.__setitem__("eval", dict(out))]
     if validation_control is not None and evaluating:
         eval_actions.append(
-            validation_control.action(model_dir, checkpoint, manager, lr_control, global_step)
+            validation_control.action(
+                model_dir, checkpoint, manager, lr_control, global_step, ema=ema
+            )
         )
 
     controller = Controller(

@@ -73,6 +73,7 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         gradient_accumulation_steps: int = 1,
         learning_rate: Any = None,
         loss_scale: Any = None,
+        ema: Any = None,
         jit_compile: bool = False,
     ):
         self.task = task
@@ -80,6 +81,7 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         self.accumulation = gradient_accumulation_steps
         self.learning_rate = learning_rate
         self.loss_scale = loss_scale
+        self.ema = ema
         self.jit_compile = jit_compile
         self._replica_fn = None
         self.strategy = strategy
@@ -186,6 +188,8 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
             k: self.strategy.reduce(tf.distribute.ReduceOp.MEAN, v, axis=None)
             for k, v in logs.items()
         }
+        if self.ema is not None:
+            self.ema.update()
         self.global_step.assign_add(1)
         return logs
 
@@ -256,6 +260,8 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         if self.loss_scale is not None:
             self.loss_scale.update(overflow)
             logs["loss_scale"] = tf.identity(self.loss_scale.scale)
+        if self.ema is not None:
+            self.ema.update()
         self.global_step.assign_add(1)
         return logs
 
@@ -299,6 +305,13 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         return out
 
     # -------------------------------------------------------------------------- evaluation
+
+    def evaluate(self, num_steps: tf.Tensor):
+        """Eager: one evaluation, with the averaged weights swapped in when EMA is on."""
+        if self.ema is None:
+            return super().evaluate(num_steps)
+        with self.ema.averaged():
+            return super().evaluate(num_steps)
 
     def eval_begin(self):
         """Eager: resets eval metrics; returns the empty aggregation state."""

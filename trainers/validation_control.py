@@ -7,6 +7,7 @@ An Orbit eval action. Each evaluation's chosen metric is compared with the best 
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -66,7 +67,7 @@ class ValidationControl:
         patience = self.early_stop_patience
         return patience is not None and int(self.worse.numpy()) >= patience
 
-    def action(self, model_dir, checkpoint, manager, learning_rate, global_step):
+    def action(self, model_dir, checkpoint, manager, learning_rate, global_step, ema=None):
         """Eager. Returns the eval action, a callable run eagerly after each evaluation."""
         exporter = train_utils.BestCheckpointExporter(
             os.path.join(model_dir, "best"),
@@ -77,7 +78,9 @@ class ValidationControl:
         def act(eval_logs: dict[str, Any]) -> None:
             step = int(global_step.numpy())
             _check_metric(eval_logs, self.metric)
-            if exporter.maybe_export_checkpoint(checkpoint, eval_logs, step):
+            with ema.averaged() if ema is not None else contextlib.nullcontext():
+                improved = exporter.maybe_export_checkpoint(checkpoint, eval_logs, step)
+            if improved:
                 self.worse.assign(0)
             else:
                 self.worse.assign_add(1)
