@@ -44,6 +44,8 @@ class DigitsClassification(Task):
     The seed's defaults (clip_norm, optimizer_epsilon, ...) are bound on `orbitask.Task`.
     """
 
+    num_classes = 10  # logits of the last layer (DigitsParity: 2)
+
     def __init__(
         self,
         hidden_units: tuple = (128, 64),
@@ -73,7 +75,7 @@ class DigitsClassification(Task):
         layers = [keras.Input((64,))]
         for units in self.hidden_units:
             layers.append(keras.layers.Dense(units, activation="relu", kernel_regularizer=reg))
-        layers.append(keras.layers.Dense(10))
+        layers.append(keras.layers.Dense(self.num_classes))
         return keras.Sequential(layers, name="digits_mlp")
 
     def build_losses(self):

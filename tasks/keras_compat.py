@@ -61,7 +61,14 @@ def nadam(learning_rate: float, epsilon: float, flavour: str) -> Any:
 
 
 def check_matching(model: Any, optimizer: Any) -> None:
-    """Raises a one-line TypeError if model and optimizer come from different Keras flavours."""
+    """Raises a one-line TypeError if model and optimizer come from different Keras flavours.
+
+    Eager; returns None. A dict of optimizers (one per model) has each value checked.
+    """
+    if isinstance(optimizer, dict):
+        for value in optimizer.values():
+            check_matching(model, value)
+        return
     m, o = model_flavour(model), optimizer_flavour(optimizer)
     if m and o and m != o:
         raise TypeError(
@@ -71,12 +78,25 @@ def check_matching(model: Any, optimizer: Any) -> None:
         )
 
 
-def build_optimizer_slots(optimizer: Any, variables: list) -> None:
+def build_optimizer_slots(optimizer: Any, variables: list, model: Any = None) -> None:
     """Creates a Keras 3 optimizer's slots eagerly (it fails when built inside tf.function).
 
     tf_keras optimizers are left to build lazily on the first step: built eagerly inside a
     MirroredStrategy scope, tf_keras Nadam makes replicas diverge (DESIGN, known traps).
+    A dict of optimizers is built per key with the variables of `model[key]` (a dict of models
+    with the same keys). Eager; returns None.
     """
+    if isinstance(optimizer, dict):
+        for key, value in optimizer.items():
+            if optimizer_flavour(value) != KERAS3:
+                continue
+            if not isinstance(model, dict) or key not in model:
+                raise ValueError(
+                    f"build_optimizer returned a dict of optimizers with key {key!r}, but "
+                    "build_model returned no model of that name; return dicts with the same keys."
+                )
+            build_optimizer_slots(value, model[key].trainable_variables)
+        return
     if optimizer_flavour(optimizer) == KERAS3 and not optimizer.built:
         optimizer.build(variables)
 
@@ -87,14 +107,24 @@ def refresh_tracking(optimizer: Any) -> None:
     tf_keras caches an optimizer's checkpoint children the first time they are listed; a restore
     before the first step lists them before `build` adds plain attributes such as Nadam's
     `_u_product`, which later saves would then silently drop. Call after the first step.
+    Eager; returns None. Accepts a dict of optimizers.
     """
+    if isinstance(optimizer, dict):
+        for value in optimizer.values():
+            refresh_tracking(value)
+        return
     for opt in (optimizer, getattr(optimizer, "inner_optimizer", None)):
         if opt is not None and "_coalesced_children" in vars(opt):
             del opt._coalesced_children  # noqa: SLF001
 
 
 def learning_rate_variable(optimizer: Any) -> Any:
-    """The optimizer's own learning-rate variable, or None when it follows a schedule/callable."""
+    """The optimizer's own learning-rate variable, or None when it follows a schedule/callable.
+
+    Eager or traced. For a dict of optimizers, returns a dict of their variables (or None).
+    """
+    if isinstance(optimizer, dict):
+        return {key: learning_rate_variable(value) for key, value in optimizer.items()}
     inner = getattr(optimizer, "inner_optimizer", optimizer)
     lr = getattr(inner, "_learning_rate", None)
     if isinstance(lr, tf.Variable) or isinstance(lr, keras.Variable):
@@ -103,7 +133,14 @@ def learning_rate_variable(optimizer: Any) -> Any:
 
 
 def sync_learning_rate(optimizer: Any, lr: Any) -> None:
-    """Copies the learning-rate variable into the optimizer's own (eager or traced)."""
+    """Copies the learning-rate variable into the optimizer's own (eager or traced); or each's.
+
+    Returns None. A dict of optimizers all follow the one learning-rate variable.
+    """
+    if isinstance(optimizer, dict):
+        for value in optimizer.values():
+            sync_learning_rate(value, lr)
+        return
     target = learning_rate_variable(optimizer)
     if target is not None:
         target.assign(tf.cast(lr, target.dtype))

@@ -71,6 +71,10 @@ def test_experiment_parses_and_its_task_builds(path):
         dataset = task.make_batches(task.build_inputs(8, training=training), 8)
         assert isinstance(dataset, tf.data.Dataset)
         batch = next(iter(dataset))
+        if isinstance(model, dict):  # several models: only the task's own step calls them
+            logs = task.validation_step(batch, model, [], loss_fn=loss_fn, lr=lr)
+            assert logs and all(np.isfinite(np.asarray(v)).all() for v in logs.values())
+            continue
         outputs = model(task.input_pre(batch, lr), training=training)
         loss = loss_fn(task.loss_pre(outputs, batch, model, lr))
         assert loss.shape == () and np.isfinite(float(loss))
@@ -229,3 +233,80 @@ def test_binary_trains_evaluates_and_writes_its_outputs(tmp_path):
     assert "checkpoint_interval = 10" in operative
     for sub in ("train", "eval"):
         assert list((model_dir / sub).glob("events.out.tfevents.*")), f"no {sub} summaries"
+
+
+# Mistakes in the user's own files, in-process: one line, exit 2, nothing written.
+HEAD = "include 'configs/defaults.gin'\nTRAIN_STEPS = 5\n"
+USER_FILES = [
+    (
+        "syntax_error",
+        HEAD + "TASK = @orbitask.DigitsClassification(\norbitask.Task.clip_norm = 1.0\n",
+        [],
+        r"bad gin config: .*\(user\.gin, line \d+\)",
+    ),
+    (
+        "missing_module",
+        HEAD + "import no_such_module\nTASK = @orbitask.DigitsClassification()\n",
+        [],
+        r"No module named 'no_such_module'.*gin `import` line must be importable",
+    ),
+    (
+        "module_with_a_broken_import",  # user_task.py sits next to the .gin file
+        HEAD + "import user_task\nTASK = @orbitask.DigitsClassification()\n",
+        [],
+        r"No module named 'not_installed_package'.*import user_task",
+    ),
+    (
+        "not_a_task",
+        HEAD + "TASK = @orbitask.NanGuard()\n",
+        [],
+        r"TASK must be a tasks.Task instance.*of type NanGuard",
+    ),
+    (
+        "abstract_task",
+        HEAD + "TASK = @orbitask.Task()\n",
+        [],
+        r"Task must implement build_model\(\)\. Fix TASK in your experiment's .gin file",
+    ),
+    (
+        "unclosed_bracket_in_a_binding",
+        HEAD + "TASK = @orbitask.DigitsClassification()\n",
+        ["--gin_params=TRAIN_STEPS = ("],
+        r"unclosed bracket or quote in --gin_params",
+    ),
+    ("gin_file_is_a_folder", None, [], r"--gin_file '.*' does not exist"),
+    (
+        "undefined_macro",
+        HEAD + "TASK = %MY_TASK\n",
+        [],
+        r"macro %MY_TASK is used but not defined; bind it \(MY_TASK = \.\.\.\)",
+    ),
+    (
+        "parameter_server_without_a_cluster",
+        HEAD + "TASK = @orbitask.DigitsClassification()\n",
+        ["--gin_params=orbitask.run_experiment.strategy = 'parameter_server'"],
+        r"'parameter_server' needs a cluster .* in TF_CONFIG, which is not set",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "name, text, args, expected", USER_FILES, ids=[case[0] for case in USER_FILES]
+)
+def test_mistakes_in_user_files_are_one_line(
+    tmp_path, capsys, monkeypatch, name, text, args, expected
+):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    gin_file = tmp_path / "user.gin"
+    if text is None:
+        gin_file = tmp_path
+    else:
+        gin_file.write_text(text)
+    (tmp_path / "user_task.py").write_text("import not_installed_package\n")
+    model_dir = tmp_path / "run"
+    status = train.main([f"--gin_file={gin_file}", f"--model_dir={model_dir}", *args])
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert err.count("\n") == 1 and err.startswith("orbitask: error: "), err
+    assert re.search(expected, err), err
+    assert not model_dir.exists() or not any(model_dir.glob("ckpt-*"))

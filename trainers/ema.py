@@ -48,13 +48,19 @@ class ExponentialMovingAverage:
         return tf.train.Checkpoint(shadows=self.shadows)
 
     def update(self) -> None:
-        """Traced, cross-replica, after each update: moves every shadow toward its weight."""
+        """Traced, cross-replica, after each update: moves every shadow toward its weight.
+
+        Returns None.
+        """
         for shadow, variable in zip(self.shadows, self.variables, strict=True):
             shadow.assign(self.decay * shadow + (1.0 - self.decay) * tf.convert_to_tensor(variable))
 
     @contextlib.contextmanager
     def averaged(self):
-        """Eager context: the model holds the averaged weights inside, its own ones after."""
+        """Eager context: the model holds the averaged weights inside, its own ones after.
+
+        Returns (yields) nothing; use it as `with ema.averaged(): ...`.
+        """
         saved = [tf.identity(tf.convert_to_tensor(v)) for v in self.variables]
         for variable, shadow in zip(self.variables, self.shadows, strict=True):
             variable.assign(tf.convert_to_tensor(shadow))

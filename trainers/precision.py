@@ -33,7 +33,10 @@ class DynamicLossScale:
         self.growth_interval = growth_interval
 
     def update(self, nonfinite: tf.Tensor) -> None:
-        """Traced, cross-replica, after each step: halve on overflow, double after a good run."""
+        """Traced, cross-replica, after each step: halve on overflow, double after a good run.
+
+        Returns None.
+        """
         good = tf.logical_not(nonfinite)
         steps = tf.where(good, self.good_steps + 1, 0)
         grow = steps >= self.growth_interval

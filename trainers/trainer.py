@@ -307,7 +307,10 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
     # -------------------------------------------------------------------------- evaluation
 
     def evaluate(self, num_steps: tf.Tensor):
-        """Eager: one evaluation, with the averaged weights swapped in when EMA is on."""
+        """Eager: one evaluation, with the averaged weights swapped in when EMA is on.
+
+        Returns the eval logs (`eval_end`'s).
+        """
         if self.ema is None:
             return super().evaluate(num_steps)
         with self.ema.averaged():
