@@ -28,6 +28,7 @@ import orbit
 import tensorflow as tf
 
 from tasks import keras_compat
+from trainers.cluster import all_replica_values
 
 
 class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
@@ -183,11 +184,15 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
             self.learning_rate.step_update(self.global_step, self.optimizer)
         if self.nan_guard is not None or self.loss_scale is not None:
             return self._guarded_train_step(batch)
-        logs = self.strategy.run(self._replica_fn, args=(batch,))
+        return self._finish_step(self.strategy.run(self._replica_fn, args=(batch,)))
+
+    def _finish_step(self, per_replica_logs, extra=None):
+        """Cross-replica, traced: logs averaged over replicas, EMA moved, step counted."""
         logs = {
             k: self.strategy.reduce(tf.distribute.ReduceOp.MEAN, v, axis=None)
-            for k, v in logs.items()
+            for k, v in per_replica_logs.items()
         }
+        logs.update(extra or {})
         if self.ema is not None:
             self.ema.update()
         self.global_step.assign_add(1)
@@ -250,20 +255,14 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
             return tf.constant(False)
 
         tf.cond(bad, lambda: tf.constant(True), apply)
-        logs = {
-            k: self.strategy.reduce(tf.distribute.ReduceOp.MEAN, v, axis=None)
-            for k, v in logs.items()
-        }
+        extra = {}
         if self.nan_guard is not None:
             self.nan_guard.record(bad_loss)
-            logs["nonfinite_steps"] = tf.cast(self.nan_guard.skipped, tf.float32)
+            extra["nonfinite_steps"] = tf.cast(self.nan_guard.skipped, tf.float32)
         if self.loss_scale is not None:
             self.loss_scale.update(overflow)
-            logs["loss_scale"] = tf.identity(self.loss_scale.scale)
-        if self.ema is not None:
-            self.ema.update()
-        self.global_step.assign_add(1)
-        return logs
+            extra["loss_scale"] = tf.identity(self.loss_scale.scale)
+        return self._finish_step(logs, extra)
 
     def _replica_train_step(self, batch):
         return self.task.train_step(
@@ -326,7 +325,7 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         """One distributed validation step; returns per-replica logs as tuples (traced)."""
         batch = next(iterator)
         logs = self.strategy.run(self._replica_eval_step, args=(batch,))
-        return tf.nest.map_structure(self.strategy.experimental_local_results, logs)
+        return tf.nest.map_structure(lambda v: all_replica_values(self.strategy, v), logs)
 
     def _replica_eval_step(self, batch):
         return self.task.validation_step(
