@@ -3,6 +3,7 @@
     orbitask [train] --gin_file=... --model_dir=...   # the training binary (trainers.train)
     orbitask report --model_dir=...                   # plot + summary of a run (trainers.report)
     orbitask new NAME                                 # a Task file + gin file (trainers.scaffold)
+    orbitask launch --workers N -- TRAIN_FLAGS        # a local cluster (trainers.launch)
 
 Each subcommand is a module with `main(argv) -> exit status`, imported only when used.
 """
@@ -17,6 +18,7 @@ COMMANDS = {
     "train": ("trainers.train", "train and/or evaluate an experiment (the default)"),
     "report": ("trainers.report", "plot a run's summaries and print the best metric"),
     "new": ("trainers.scaffold", "write a Task file and an experiment .gin file to start from"),
+    "launch": ("trainers.launch", "run a job as a cluster of local processes (multi-worker, PS)"),
 }
 
 
@@ -52,3 +54,7 @@ def usage() -> str:
 def run() -> None:
     """Entry point of the `orbitask` command."""
     sys.exit(main(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    run()

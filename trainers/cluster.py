@@ -48,6 +48,27 @@ def is_parameter_server(strategy: tf.distribute.Strategy) -> bool:
     return isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
 
 
+def num_ps_workers(strategy: tf.distribute.Strategy) -> int:
+    """The number of workers a `ParameterServerStrategy` schedules on."""
+    return strategy.extended._num_workers  # noqa: SLF001 (its cluster_resolver is not public)
+
+
+def all_replica_values(strategy: tf.distribute.Strategy, value) -> tuple:
+    """`value`'s per-replica values as a tuple, of every worker's replicas (traced, cross-replica).
+
+    One machine: the local values. `multi_worker_mirrored`: a gather (a collective), so that every
+    worker, the chief included, aggregates the eval logs of all replicas: a scalar gives one
+    value per replica; a tensor gives one concatenation of all replicas' along axis 0.
+    """
+    local = strategy.experimental_local_results(value)
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return local
+    if local[0].shape.rank == 0:
+        rows = strategy.run(lambda v: tf.expand_dims(v, 0), args=(value,))
+        return tuple(tf.unstack(strategy.gather(rows, axis=0), num=strategy.num_replicas_in_sync))
+    return (strategy.gather(value, axis=0),)
+
+
 def is_server_task(strategy_name: object) -> bool:
     """True for a `worker` or `ps` task of a `parameter_server` job: it only serves (`serve`)."""
     return strategy_name == "parameter_server" and task_type() in SERVER_TASKS
@@ -81,18 +102,20 @@ def for_this_worker(
     return WorkerCheckpointManager(
         manager.checkpoint,
         manager.directory,
-        step_counter=manager._step_counter,  # noqa: SLF001
-        checkpoint_interval=manager._checkpoint_interval,  # noqa: SLF001
+        checkpoint_name=os.path.basename(manager._checkpoint_prefix),  # noqa: SLF001
+        step_counter=getattr(manager, "_step_counter", None),
+        checkpoint_interval=manager.checkpoint_interval,
     )
 
 
 class WorkerCheckpointManager(tf.train.CheckpointManager):
     """A non-chief worker's manager: restores the chief's checkpoints, saves into a temp folder.
 
-    `checkpoints` lists the chief's checkpoints (what a restore reads); `save` writes into a
-    temporary folder keeping one checkpoint, deleted at exit; `latest_checkpoint` is this worker's
-    last save, or the chief's latest when it started, so that every worker sees the same step and
-    takes the same decision to save or not (saves may be collectives).
+    `directory` and `checkpoints` are the chief's (what restores and continuous evaluation
+    read); `save` writes into a temporary folder keeping one checkpoint, deleted at exit;
+    `latest_checkpoint` is this worker's last save, or the chief's latest when it started, so
+    that every worker sees the same step and takes the same decision to save or not (saves may
+    be collectives).
 
     Args:
       checkpoint: this worker's `tf.train.Checkpoint`.
@@ -107,6 +130,11 @@ class WorkerCheckpointManager(tf.train.CheckpointManager):
         self._chief_latest = tf.train.latest_checkpoint(chief_directory)
         super().__init__(checkpoint, self.temp_directory, max_to_keep=1, **kwargs)
         logging.info("non-chief worker: saving into %s", self.temp_directory)
+
+    @property
+    def directory(self) -> str:
+        """The chief's model directory."""
+        return self.chief_directory
 
     @property
     def checkpoints(self) -> list[str]:

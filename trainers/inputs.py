@@ -24,7 +24,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from trainers.cluster import is_parameter_server
+from trainers.cluster import is_parameter_server, num_ps_workers
 
 
 def _build(task: Any, per_replica: int, context, training: bool) -> tf.data.Dataset:
@@ -70,7 +70,7 @@ def eval_dataset(task: Any, strategy: tf.distribute.Strategy, global_batch_size:
 def _per_worker_iterator(task: Any, strategy: tf.distribute.Strategy, per_replica: int):
     """One plain iterator per PS worker, sharded by worker index; carries `element_spec`."""
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
-    workers = strategy.cluster_resolver.cluster_spec().num_tasks("worker")
+    workers = num_ps_workers(strategy)
 
     def dataset_fn():
         index = tf.distribute.coordinator.experimental_get_current_worker_index()

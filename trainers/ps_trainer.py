@@ -21,6 +21,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tasks import keras_compat
+from trainers.cluster import num_ps_workers
 from trainers.trainer import TaskTrainer
 
 
@@ -44,7 +45,7 @@ class ParameterServerTrainer(TaskTrainer):
         kwargs["use_tf_while_loop"] = True
         super().__init__(**kwargs)
         self.coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(self.strategy)
-        self.workers = self.strategy.cluster_resolver.cluster_spec().num_tasks("worker")
+        self.workers = num_ps_workers(self.strategy)
 
     def train(self, num_steps: tf.Tensor) -> dict:
         """Eager: schedules `num_steps` steps over the workers, waits; returns the last logs."""

@@ -213,6 +213,12 @@ def _setup(
             f"`global_batch_size` ({global_batch_size}) must be divisible by the number of "
             f"replicas ({replicas}). Change run_experiment.global_batch_size."
         )
+    if jit_compile and replicas > 1 and not tf.config.list_logical_devices("GPU"):
+        raise ValueError(
+            f"`jit_compile=True` cannot run {replicas} replicas on logical CPU devices (XLA on "
+            "CPU reaches only the first one). Set run_experiment.jit_compile = False or use "
+            "strategy = 'one_device'."
+        )
     validation.check_model_dir(model_dir)
     training = mode in ("train", "train_and_eval")
     evaluating = mode != "train"
@@ -264,6 +270,7 @@ def _setup(
         train_iterator = None
         if training:
             train_iterator = inputs_lib.train_iterator(task, strategy, global_batch_size)
+            validation.check_checkpointable_input(task, train_iterator)
             validation.check_inputs(
                 task,
                 train_iterator.element_spec,
@@ -342,8 +349,11 @@ def _setup(
     if chief:
         _write_operative_config(model_dir)
 
-    train_summaries = orbit.utils.SummaryManager(
-        os.path.join(model_dir, "train") if chief else None, summaries.write, global_step
+    train_summaries = summaries.LoopSummaryManager(
+        os.path.join(model_dir, "train") if chief else None,
+        summaries.write,
+        global_step,
+        interval=steps_per_loop,
     )
     eval_summaries = orbit.utils.SummaryManager(
         os.path.join(model_dir, "eval") if chief else None, summaries.write, global_step

@@ -30,6 +30,12 @@ def build_strategy(strategy: str | tf.distribute.Strategy = "auto") -> tf.distri
         return tf.distribute.MultiWorkerMirroredStrategy()
     if strategy == "parameter_server":
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        if not resolver.cluster_spec().as_dict():
+            raise ValueError(
+                "strategy 'parameter_server' needs a cluster (chief, workers, ps) in TF_CONFIG, "
+                "which is not set; start the job with `orbitask launch --ps 1 ...` or set "
+                "TF_CONFIG on every machine (README: Several machines)."
+            )
         return tf.distribute.experimental.ParameterServerStrategy(resolver)
     gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
     cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
@@ -52,7 +58,8 @@ def _one_device(gpus: list[str], cpus: list[str]) -> tf.distribute.Strategy:
 def logical_cpus(n: int) -> list[str]:
     """Splits the CPU into `n` logical devices (before TF initialises) and returns their names.
 
-    For tests and users without GPUs: `mirrored` then gives `n` replicas.
+    Eager; call it before anything else uses TensorFlow (later calls keep what exists). For tests
+    and users without GPUs: `mirrored` then gives `n` replicas.
     """
     cpu = tf.config.list_physical_devices("CPU")[0]
     try:

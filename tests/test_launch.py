@@ -1,0 +1,160 @@
+"""The local launcher's process handling: TF_CONFIG, prefixes, first failure, restarts, signals.
+
+The processes here are small Python programs that act out a plan (exit with a status, sleep, fail
+once, save on SIGTERM), so each test takes about a second; the real binary under the launcher is
+tested in test_multi_worker.py and test_parameter_server.py.
+"""
+
+import io
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+import pytest
+
+from trainers import cli, launch
+
+# Acts out plan[role] for the role in its TF_CONFIG: "ok", "sleep", "exit N [AFTER_S]", "kill",
+# "fail_once PATH" (fails while PATH does not exist, creating it) or "term" (exit 75 on SIGTERM).
+CHILD = r"""
+import json, os, signal, sys, time
+config = json.loads(os.environ["TF_CONFIG"])
+task = config["task"]
+role = "chief" if task["type"] == "chief" else f"{task['type']} {task['index']}"
+print("cluster", json.dumps(config["cluster"], sort_keys=True), flush=True)
+action, _, arg = json.loads(sys.argv[1]).get(role, "sleep").partition(" ")
+if action == "exit":
+    code, _, delay = arg.partition(" ")
+    time.sleep(float(delay or 0.3))
+    sys.exit(int(code))
+if action == "kill":
+    time.sleep(0.3)
+    os.kill(os.getpid(), signal.SIGKILL)
+if action == "fail_once" and not os.path.exists(arg):
+    open(arg, "w").close()
+    sys.exit(1)
+if action == "term":
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(75))
+    print("ready", flush=True)
+if action in ("sleep", "term"):
+    time.sleep(60)
+"""
+
+
+def launcher(plan, workers=2, ps=0, max_restarts=0):
+    out = io.StringIO()
+    runner = launch.Launcher(workers, ps, max_restarts, ["--model_dir=unused"], out=out)
+    runner.command = [sys.executable, "-c", CHILD, json.dumps(plan)]
+    return runner, out
+
+
+def timed_run(runner):
+    start = time.monotonic()
+    status = runner.run()
+    return status, time.monotonic() - start
+
+
+def test_workers_get_tf_config_and_prefixed_output():
+    runner, out = launcher({"worker 0": "ok", "worker 1": "ok"})
+    assert runner.run() == 0
+    text = out.getvalue()
+    clusters = {line.split(" ", 3)[3] for line in text.splitlines() if "] cluster " in line}
+    assert len(clusters) == 1  # every worker got the same cluster
+    workers = json.loads(clusters.pop())["worker"]
+    assert len(workers) == 2 and len(set(workers)) == 2
+    assert all(w.startswith("127.0.0.1:") for w in workers)
+    assert "[worker 0] cluster" in text and "[worker 1] cluster" in text
+
+
+def test_the_binary_gets_the_strategy_of_the_cluster():
+    command = launch.Launcher(2, 0, 0, ["--model_dir=x"]).command
+    assert command[1:4] == ["-m", "trainers.train", "--model_dir=x"]
+    assert command[-1] == "--gin_params=orbitask.run_experiment.strategy = 'multi_worker_mirrored'"
+    command = launch.Launcher(2, 1, 0, ["--model_dir=x"]).command
+    assert command[-1] == "--gin_params=orbitask.run_experiment.strategy = 'parameter_server'"
+
+
+def test_first_failure_status_is_returned_and_the_others_killed():
+    runner, out = launcher({"worker 0": "sleep", "worker 1": "exit 3"})
+    status, seconds = timed_run(runner)
+    assert status == 3 and seconds < 20
+    assert all(p.poll() is not None for p in runner.procs.values())
+    assert "worker 1 exited with status 3; stopping the job" in out.getvalue()
+
+
+def test_a_process_killed_by_a_signal_gives_128_plus_the_signal():
+    runner, _ = launcher({"worker 0": "sleep", "worker 1": "kill"})
+    assert runner.run() == 128 + signal.SIGKILL
+
+
+def test_max_restarts_restarts_the_whole_job(tmp_path):
+    plan = {"worker 0": "ok", "worker 1": f"fail_once {tmp_path / 'failed'}"}
+    runner, out = launcher(plan, max_restarts=1)
+    assert runner.run() == 0
+    text = out.getvalue()
+    assert "restarting the job from its last checkpoint (1/1)" in text
+    assert text.count("started worker 0") == 2
+
+    (tmp_path / "failed").unlink()
+    runner, _ = launcher(plan, max_restarts=0)
+    assert runner.run() == 1
+
+
+def test_parameter_server_job_survives_a_dead_worker():
+    plan = {"chief": "exit 0 2", "worker 1": "exit 1"}  # worker 0 and ps 0 sleep (serve)
+    runner, out = launcher(plan, workers=2, ps=1)
+    status, seconds = timed_run(runner)
+    assert status == 0 and seconds < 20
+    text = out.getvalue()
+    assert "worker 1 exited with status 1; continuing without it" in text
+    cluster = json.loads(text.split("[chief] cluster ", 1)[1].splitlines()[0])
+    assert sorted(cluster) == ["chief", "ps", "worker"] and len(cluster["worker"]) == 2
+
+
+def test_parameter_server_worker_is_restarted_in_place():
+    runner, out = launcher({"chief": "exit 0 2", "worker 1": "exit 1"}, workers=2, ps=1)
+    runner.max_restarts = runner.restarts_left = 1
+    assert runner.run() == 0
+    assert "worker 1 exited with status 1; restarting it in place" in out.getvalue()
+
+
+def test_sigterm_is_relayed_and_the_save_status_returned():
+    runner, out = launcher({"worker 0": "term", "worker 1": "term"})
+    timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    try:
+        status, seconds = timed_run(runner)
+    finally:
+        timer.cancel()
+    assert status == 75 and seconds < 20
+    assert "SIGTERM received; relaying SIGTERM" in out.getvalue()
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--workers", "0", "--", "--model_dir=x"], "--workers must be >= 1; received 0"),
+        (["--workers", "2"], "give the training flags after --"),
+        (["--workers", "two", "--", "x"], "invalid int value: 'two'"),
+    ],
+)
+def test_usage_errors_are_one_line(argv, message, capsys):
+    assert cli.main(["launch", *argv]) == launch.EXIT_USAGE
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err
+
+
+def test_cluster_layouts():
+    assert launch.cluster_roles(2, 0) == [("worker", 0), ("worker", 1)]
+    roles = launch.cluster_roles(1, 2)
+    assert roles == [("chief", 0), ("worker", 0), ("ps", 0), ("ps", 1)]
+    spec = launch.cluster_spec(roles, [1, 2, 3, 4])
+    assert spec == {
+        "chief": ["127.0.0.1:1"],
+        "worker": ["127.0.0.1:2"],
+        "ps": ["127.0.0.1:3", "127.0.0.1:4"],
+    }
+    assert len(set(launch.free_ports(4))) == 4

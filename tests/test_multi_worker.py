@@ -1,0 +1,74 @@
+"""`multi_worker_mirrored` through the local launcher: the real binary, 2 worker processes on CPU.
+
+Two workers x one replica train and evaluate like one process with two mirrored replicas and the
+same global batch (every worker reads the same input stream and keeps its replica's batches); only
+the chief keeps checkpoints, summaries and config; after a worker is killed, the restarted job
+resumes from the chief's checkpoint to the same weights as an uninterrupted run.
+"""
+
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from tests import faults, launching
+
+STEPS = 300  # ~4 s of training at ~70 steps/s: room to kill a worker after the first checkpoint
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """One uninterrupted 2-worker run; returns its folder (model/, tmp/, launch.log)."""
+    tmp = tmp_path_factory.mktemp("mw")
+    flags = launching.train_flags(tmp / "model", STEPS, mode="train_and_eval")
+    status, text = launching.run(["--workers", "2"], flags, tmp)
+    assert status == 0, text[-3000:]
+    return tmp
+
+
+def test_two_workers_train_like_two_mirrored_replicas(uninterrupted, tmp_path):
+    single = tmp_path / "single"
+    command = [*faults.command(single, replicas=2, steps=STEPS), "--mode=train_and_eval"]
+    result = faults.run(command, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    model = uninterrupted / "model"
+    assert launching.latest_step(model) == STEPS
+    workers, mirrored = faults.final_state(model), faults.final_state(single)
+    assert workers.keys() == mirrored.keys() and workers
+    for name in workers:
+        np.testing.assert_allclose(workers[name], mirrored[name], rtol=1e-5, atol=1e-6)
+    # Evaluation at the end: the chief aggregates every worker's replicas, as one process does.
+    for tag in ("loss", "accuracy"):
+        chief, one = launching.eval_scalars(model, tag), launching.eval_scalars(single, tag)
+        assert list(chief) == [STEPS] and chief[STEPS] == pytest.approx(one[STEPS], rel=1e-5)
+
+    # Both workers trained; only the chief's files remain, and the non-chief's temp folder is gone.
+    text = launching.output(uninterrupted)
+    assert f"[worker 0] step {STEPS}: loss" in text and f"[worker 1] step {STEPS}: loss" in text
+    assert (model / "operative_config.gin").is_file() and (model / "train").is_dir()
+    assert (model / f"ckpt-{STEPS}.index").is_file()
+    assert os.listdir(uninterrupted / "tmp") == []
+
+
+def test_killed_worker_restarts_the_job_which_resumes_exactly(uninterrupted, tmp_path):
+    """kill -9 of worker 1; the launcher kills worker 0 too (the whole job is dead), then runs
+    the same command again: both workers restore the chief's checkpoint and the job ends at the
+    right step with the uninterrupted run's weights, bit for bit (as on one machine)."""
+    model = tmp_path / "model"
+    flags = launching.train_flags(model, STEPS, mode="train_and_eval")
+    proc = launching.start(["--workers", "2", "--max_restarts", "1"], flags, tmp_path)
+    try:
+        worker = launching.pid_of(tmp_path, "worker 1", proc)
+        faults.wait_for_checkpoint(model, proc, min_step=20)
+        os.kill(worker, signal.SIGKILL)
+        proc.wait(timeout=240)
+    finally:
+        launching.stop(proc)
+    text = launching.output(tmp_path)
+    assert proc.returncode == 0, text[-3000:]
+    assert "worker 1 exited with status 137; stopping the job" in text
+    assert "restarting the job from its last checkpoint (1/1)" in text
+    assert "[worker 1] orbitask: resumed from" in text  # non-chief restored the chief's checkpoint
+    assert launching.latest_step(model) == STEPS
+    faults.assert_identical(faults.final_state(model), faults.final_state(uninterrupted / "model"))
