@@ -122,10 +122,10 @@ class WarmStart:
             "mismatched": [],
             "skipped": [],
         }
-        for path, variable in model_variables(model):
+        for object_path, variable in model_variables(model):
             name = _display_name(variable)
-            key = key_of((self.root, *path))
-            if not self._wanted("/".join((self.root, *path)), name):
+            key = key_of((self.root, *object_path))
+            if not self._wanted("/".join((self.root, *object_path)), name):
                 report["skipped"].append(name)
             elif key is None or key not in shapes:
                 report["missing"].append(name)
