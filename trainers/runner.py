@@ -383,8 +383,14 @@ def _setup(
     eval_actions = [lambda out: results.__setitem__("eval", dict(out))]
     if validation_control is not None and evaluating:
         eval_actions.append(
+            # A non-chief worker exports its best checkpoint into its own temp folder.
             validation_control.action(
-                model_dir, checkpoint, manager, lr_control, global_step, ema=ema
+                getattr(manager, "temp_directory", model_dir),
+                checkpoint,
+                manager,
+                lr_control,
+                global_step,
+                ema=ema,
             )
         )
 
