@@ -136,7 +136,7 @@ class CallbackTask(Task):
 
     @classmethod
     def from_namespace(cls, namespace: Any, **overrides: Any) -> CallbackTask:
-        """Builds a CallbackTask from a module or dict defining the seed's functions by name."""
+        """Returns a CallbackTask of the seed's functions, by name, in a module or dict. Eager."""
         space = namespace if isinstance(namespace, Mapping) else vars(namespace)
         names = (*REQUIRED, *OPTIONAL, "every_steps", "at_step", "validation_dataset")
         kwargs = {name: space[name] for name in names if space.get(name) is not None}

@@ -48,12 +48,15 @@ class CallbackContext:
 
     @property
     def loss(self) -> float | None:
-        """The last step's loss (global mean over the batch plus regularisation)."""
+        """Returns the last step's loss (global batch mean plus regularisation), eager, or None."""
         return self.logs.get("loss")
 
 
 def print_loss(task: Any, ctx: CallbackContext) -> None:
-    """The seed's `every_steps[10]` default: prints the loss and writes it as a scalar summary."""
+    """The seed's `every_steps[10]` default: prints the loss and writes it as a scalar summary.
+
+    Eager, on the host between device loops; returns None.
+    """
     del task
     if ctx.loss is None:
         return
@@ -62,7 +65,10 @@ def print_loss(task: Any, ctx: CallbackContext) -> None:
 
 
 def print_step(task: Any, ctx: CallbackContext) -> None:
-    """The seed's `print_step`: prints the step (not a default here: it would end every loop)."""
+    """The seed's `print_step`: prints the step (not a default here: it would end every loop).
+
+    Eager, on the host between device loops; returns None.
+    """
     del task
     print(f"step {ctx.step}", flush=True)
 

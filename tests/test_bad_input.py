@@ -1,5 +1,6 @@
 """Bad input is refused before any work, with one line saying what was expected and received."""
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -96,3 +97,41 @@ def test_existing_checkpoints_survive_a_bad_restart(tmp_path):
     with pytest.raises(ConfigError):
         _run(GlobalBatch(), tmp_path, train_steps=8)
     assert sorted(p.name for p in tmp_path.glob("ckpt-*")) == before
+
+
+class RepeatingValidation(TinyTask):
+    def build_inputs(self, per_replica_batch_size, input_context=None, training=True):
+        ds = tf.data.Dataset.from_tensor_slices((self.x, self.y)).repeat()
+        return ds.batch(per_replica_batch_size, drop_remainder=True)
+
+
+class NoInputLayer(TinyTask):
+    def build_model(self):
+        return keras.Sequential([keras.layers.Dense(3)])  # no weights until first called
+
+
+class NoInputLayerOwnStep(NoInputLayer):
+    def train_step(self, batch, model, optimizer, metrics=None, **kwargs):
+        return super().train_step(batch, model, optimizer, metrics, **kwargs)
+
+
+def test_evaluation_that_would_never_end(tmp_path):
+    with pytest.raises(ConfigError, match=r"repeats forever and eval_steps is None"):
+        _run(RepeatingValidation(), tmp_path, mode="train_and_eval")
+    assert tf.train.latest_checkpoint(str(tmp_path)) is None
+    _run(RepeatingValidation(), tmp_path / "ok", mode="train_and_eval", eval_steps=2)
+
+
+def test_eval_mode_without_a_checkpoint(tmp_path):
+    with pytest.raises(ConfigError, match=r"--mode=eval evaluates the latest checkpoint, and "):
+        _run(TinyTask(), tmp_path / "typo", mode="eval")
+
+
+def test_a_model_without_an_input_layer_trains(tmp_path):
+    logs = _run(NoInputLayer(), tmp_path)  # the input check calls it once, which builds it
+    assert np.isfinite(logs["train"]["loss"])
+
+
+def test_a_model_without_weights_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"NoInputLayerOwnStep.build_model\(\) returned a model"):
+        _run(NoInputLayerOwnStep(), tmp_path)

@@ -1,6 +1,7 @@
 """The progress display: rate-limited lines in logs, one rewritten line on a terminal."""
 
 import io
+import sys
 
 import tensorflow as tf
 
@@ -48,8 +49,8 @@ def test_log_stream_gets_rate_limited_lines_and_the_last_step():
     _loop_end(action, step, clock, 100, 13.0, {"loss": 0.25})  # last step: always printed
     assert stream.getvalue().splitlines() == [
         "step 10/100 | 10.0 steps/s | ETA 0:00:09 | loss 2.5",
-        "step 30/100 | 2.7 steps/s | ETA 0:00:26 | loss 1.5",
-        "step 100/100 | 7.7 steps/s | ETA 0:00:00 | loss 0.25",
+        "step 30/100 | 2.0 steps/s | ETA 0:00:35 | loss 1.5",  # rate from the first loop's end
+        "step 100/100 | 7.5 steps/s | ETA 0:00:00 | loss 0.25",
     ]
     assert "\r" not in stream.getvalue()
 
@@ -86,3 +87,20 @@ def test_terminal_gets_one_rewritten_line():
     assert [u.split(" | ")[0] for u in updates] == [f"step {10 * i}/100" for i in range(1, 11)]
     assert all(len(u) >= 79 for u in updates)  # padded: a shorter line hides a longer one
     assert updates[-1].rstrip() == "step 100/100 | 100.0 steps/s | ETA 0:00:00 | loss 0.1"
+
+
+def test_prints_on_a_terminal_erase_the_progress_line_first(monkeypatch):
+    terminal = FakeTerminal()
+    monkeypatch.setattr("sys.stdout", terminal)
+    step, clock = tf.Variable(0, dtype=tf.int64), Clock()
+    action = ProgressAction(step, 20, interval_s=10.0, clock=clock)
+    action.start()
+    _loop_end(action, step, clock, 10, 1.0, {"loss": 2.0})
+    print("step 10: loss 2")  # what the seed's print_loss does between two device loops
+    _loop_end(action, step, clock, 20, 2.0, {"loss": 1.0})
+    print("done")
+    text = terminal.getvalue()
+    bar = "step 10/20 | 10.0 steps/s | ETA 0:00:01 | loss 2".ljust(79)
+    assert text.startswith(f"\r{bar}\r\x1b[Kstep 10: loss 2\n\rstep 20/20 ")
+    assert text.endswith("\ndone\n") and text.count("\x1b[K") == 1  # nothing left to erase
+    assert sys.stdout is terminal  # restored after the last step

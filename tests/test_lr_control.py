@@ -113,7 +113,8 @@ def test_halves_lr_on_worse_validation_exports_best_and_stops_early(tmp_path):
     assert "early_stop" in logs and "did not improve for 2" in logs["early_stop"]
     stopped = int(logs["early_stop"].split("step ")[1].split(":")[0])
     assert stopped < 40
-    rates = sorted({round(logs_["learning_rate"], 6) for _, logs_ in task.rates.calls}, reverse=True)
+    rates = {round(logs_["learning_rate"], 6) for _, logs_ in task.rates.calls}
+    rates = sorted(rates, reverse=True)
     assert rates[:2] == [3.0, 1.5]  # halved once per worse validation
     best = json.loads((tmp_path / "best" / "info.json").read_text())
     assert best["loss"] <= logs["eval"]["loss"]

@@ -13,7 +13,6 @@ from typing import Any
 import gin
 import tensorflow as tf
 import tf_keras
-from official.modeling.optimization import lr_schedule
 
 from tasks import keras_compat
 
@@ -62,6 +61,9 @@ def learning_rate_schedule(
     else:
         schedule = schedules.CosineDecay(initial, decay_steps, alpha=alpha)
     if warmup_steps:
+        # Imported here: `official` pulls in tfds, pandas, ... (+25 MB, seconds of start-up).
+        from official.modeling.optimization import lr_schedule
+
         schedule = lr_schedule.LinearWarmup(schedule, warmup_steps, warmup_start)
     return schedule
 

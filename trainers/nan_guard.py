@@ -38,7 +38,7 @@ class NanGuard:
         self.skipped = None
 
     def build(self) -> None:
-        """Creates the counters; call inside `strategy.scope()`."""
+        """Creates the counters; returns None. Eager, once, inside `strategy.scope()`."""
         kwargs = dict(
             dtype=tf.int64,
             trainable=False,
@@ -48,17 +48,27 @@ class NanGuard:
         self.skipped = tf.Variable(0, name="nan_guard_skipped", **kwargs)
 
     def record(self, bad: tf.Tensor) -> None:
-        """Counts one step (cross-replica context, traced); `bad` is a scalar bool."""
+        """Counts one step (cross-replica context, traced by tf.function); returns None.
+
+        `bad` is a scalar bool.
+        """
         bad = tf.cast(bad, tf.int64)
         self.skipped.assign_add(bad)
         self.streak.assign((self.streak + 1) * bad)
 
     def tripped(self) -> tf.Tensor:
-        """True once `patience` bad steps happened in a row (ends the device loop early)."""
+        """Returns True once `patience` bad steps happened in a row (ends the device loop early).
+
+        Traced by tf.function, in the device loop's condition.
+        """
         return self.streak >= self.patience
 
     def after_loop(self, checkpoint, manager, strategy, global_step) -> None:
-        """Eager, after each device loop and before any save: rolls back or stops."""
+        """Eager, after each device loop and before any save: rolls back or stops; returns None.
+
+        Raises:
+          NonFiniteLossError: when the rollbacks are used up or there is no checkpoint.
+        """
         if int(self.streak.numpy()) < self.patience:
             return
         step = int(global_step.numpy())

@@ -1,7 +1,10 @@
 """A progress display for training: step, steps/s, ETA and loss, after every device loop.
 
-On a terminal it rewrites one line; otherwise (CI, files) it prints a line at most every
-`interval_s` seconds and at the last step, so logs stay short.
+On a terminal it rewrites one line, and other output to `sys.stdout` (the seed's `print_loss`)
+erases that line first, so it scrolls above instead of landing on it. Otherwise (CI, files) it
+prints a line at most every `interval_s` seconds and at the last step, so logs stay short.
+The rate, and so the ETA, is measured from the end of the first device loop on, which excludes
+the time to trace the step function.
 """
 
 from __future__ import annotations
@@ -45,14 +48,23 @@ class ProgressAction:
         self.clock = clock
         self._start: tuple[float, int] | None = None
         self._last_print = None
+        self._loops = 0
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.shown = False  # the terminal line is on screen and the cursor is at its end
 
     def start(self) -> None:
-        """Marks the first step and time (excluding tracing of the first loop from ETA)."""
+        """Marks the first step and time. Eager, before the first device loop.
+
+        On a terminal that is `sys.stdout`, wraps `sys.stdout` so that other prints erase the
+        progress line first (see `EraseLine`).
+        """
         self._start = (self.clock(), int(self.global_step.numpy()))
+        self._loops = 0
+        if self.tty and self.stream is sys.stdout:
+            sys.stdout = EraseLine(self.stream, self)
 
     def line(self, step: int, logs: dict[str, Any]) -> str:
-        """The progress line for `step`."""
+        """Returns the progress line for `step`. Eager."""
         now = self.clock()
         if self._start is None:
             self._start = (now, step)
@@ -64,15 +76,44 @@ class ProgressAction:
         return f"step {step}/{self.total_steps} | {rate:.1f} steps/s | ETA {eta}{loss_text}"
 
     def __call__(self, train_output: dict) -> None:
+        """Shows the line after a device loop (an Orbit train action, eager); returns None."""
         step = int(self.global_step.numpy())
         now = self.clock()
         text = self.line(step, train_output)
+        self._loops += 1
+        if self._loops == 1:
+            self._start = (now, step)  # later rates exclude the first loop, which traced the step
         last = step >= self.total_steps
         if self.tty:
             self.stream.write("\r" + text.ljust(79) + ("\n" if last else ""))
+            self.shown = not last
+            if last and isinstance(sys.stdout, EraseLine) and sys.stdout.progress is self:
+                sys.stdout = self.stream
         elif last or self._last_print is None or now - self._last_print >= self.interval_s:
             self.stream.write(text + "\n")
             self._last_print = now
         else:
             return
         self.stream.flush()
+
+
+class EraseLine:
+    """`sys.stdout` while a terminal progress line is shown: a write erases the line first.
+
+    Without it, the seed's `print_loss` would append its text to the progress line. The progress
+    action redraws its line after the next device loop.
+    """
+
+    def __init__(self, stream: TextIO, progress: ProgressAction):
+        self.stream = stream
+        self.progress = progress
+
+    def write(self, text: str) -> int:
+        """Erases the progress line if shown (ANSI erase-line), then writes `text`. Eager."""
+        if self.progress.shown and text:
+            self.stream.write("\r\x1b[K")
+            self.progress.shown = False
+        return self.stream.write(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)

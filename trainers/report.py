@@ -146,16 +146,21 @@ def best(run: Run, metric: str) -> tuple[float, int]:
 
 
 def plot(run: Run, path: str, title: str = "") -> None:
-    """Writes a 2x2 PNG (1000x700 px): loss, eval metrics, learning rate, steps/s. Eager."""
+    """Writes a 2x2 PNG (1000x700 px): losses, eval metrics, learning rate, steps/s. Eager.
+
+    Eval summaries whose name says loss or error go with the losses; the others are metrics.
+    """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(10, 7), dpi=100, layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.subplots(2, 2).ravel()
+    tags = sorted(run.eval)
+    eval_losses = [(f"eval {t}", run.eval, t) for t in tags if t != "loss" and minimised(t)]
     panels = [
-        ("loss", [("train", run.train, "loss"), ("eval", run.eval, "loss")]),
-        ("eval metrics", [(tag, run.eval, tag) for tag in sorted(run.eval) if tag != "loss"]),
+        ("loss", [("train", run.train, "loss"), ("eval", run.eval, "loss"), *eval_losses]),
+        ("eval metrics", [(t, run.eval, t) for t in tags if not minimised(t)]),
         ("learning rate", [("train", run.train, "learning_rate")]),
         ("steps/s", [("train", run.train, "steps_per_second")]),
     ]

@@ -319,11 +319,11 @@ def _setup(
                 "the --model_dir you trained into (continuous_eval waits for checkpoints)."
             )
         manager = cluster.for_this_worker(manager, strategy)
-    if evaluating:
-        validation.check_finite_eval(task, global_batch_size // replicas, eval_steps)
     eval_dataset = (
         inputs_lib.eval_dataset(task, strategy, global_batch_size) if evaluating else None
     )
+    if evaluating:
+        validation.check_finite_eval(task, eval_dataset, eval_steps)
     ps = cluster.is_parameter_server(strategy)
     trainer = (ParameterServerTrainer if ps else TaskTrainer)(
         task=task,

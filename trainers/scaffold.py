@@ -161,9 +161,7 @@ def main(argv: list[str]) -> int:
     except (ScaffoldError, flags.Error) as e:
         print(f"orbitask: error: {e}", file=sys.stderr)
         return 2
-    name = names[0]
-    print(
-        f"wrote {os.path.normpath(task_path)} (the Task) and {os.path.normpath(gin_path)} (the experiment). Train it:"
-    )
-    print(f"  orbitask --gin_file={os.path.normpath(gin_path)} --model_dir=runs/{name}")
+    task_path, gin_path = os.path.normpath(task_path), os.path.normpath(gin_path)
+    print(f"wrote {task_path} (the Task) and {gin_path} (the experiment). Train it:")
+    print(f"  orbitask --gin_file={gin_path} --model_dir=runs/{names[0]}")
     return 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import orbit
 import tensorflow as tf
 
 
@@ -38,3 +39,25 @@ def histograms(task: Any, ctx: Any) -> None:
         for variable in model.trainable_variables:
             name = getattr(variable, "path", None) or variable.name.split(":")[0]
             tf.summary.histogram(f"weights/{name}", variable, step=ctx.step)
+
+
+class LoopSummaryManager(orbit.utils.SummaryManager):
+    """The train `SummaryManager`: writes a device loop's output once per `interval` steps.
+
+    The Controller writes every loop's output, and callbacks end loops early (`print_loss`
+    every 10 steps by default); each eager scalar costs about a millisecond, so on a small model
+    writing every loop cost more host time than the steps themselves (benchmarks/RESULTS.md).
+    A loop's output is written when the loop reaches a new multiple of `interval` (and after
+    the first loop); callbacks still write their own points, e.g. `print_loss`'s loss.
+    """
+
+    def __init__(self, summary_dir, summary_fn, global_step, interval: int):
+        super().__init__(summary_dir, summary_fn, global_step)
+        self.interval = interval
+        self._written_block = None
+
+    def write_summaries(self, summary_dict) -> None:
+        block = int(self._global_step.numpy()) // self.interval
+        if block != self._written_block:
+            self._written_block = block
+            super().write_summaries(summary_dict)

@@ -9,6 +9,7 @@ A user mistake (bad flag, gin typo, bad setting) prints one line on stderr and e
 from __future__ import annotations
 
 import os
+import re
 import sys
 import tokenize
 
@@ -97,6 +98,13 @@ def build_task():
         while hasattr(task, "scoped_configurable_fn"):  # a macro naming a reference
             task = task.scoped_configurable_fn()
     except (ValueError, TypeError, RuntimeError) as e:
+        undefined = re.search(r"configurable 'macro' .* in scope '([^']+)'", _one_line(e))
+        if undefined:  # `%NAME` used but never bound
+            name = undefined.group(1)
+            raise ConfigError(
+                f"bad gin config: macro %{name} is used but not defined; bind it "
+                f"({name} = ...) in your .gin file or with --gin_params."
+            ) from e
         raise ConfigError(f"bad gin config: {_one_line(e)}") from e
     if task is gin.REQUIRED:
         raise ConfigError("no task: set TASK = @YourTask() in your experiment's .gin file")

@@ -7,6 +7,7 @@ to fix it, raised before any training work (or any checkpoint write) happens.
 from __future__ import annotations
 
 import os
+import re
 import uuid
 from typing import Any
 
@@ -111,3 +112,54 @@ def check_inputs(
             f"{kind.__name__}'s loss must return the SUM over the batch (a scalar); it returned "
             f"shape {list(shape)}. Reduce with tf.reduce_sum in build_losses."
         )
+
+
+def check_finite_eval(task: Any, dataset: Any, eval_steps: int | None) -> None:
+    """Refuses an evaluation that would never end. Eager, before the first step; returns None.
+
+    With `eval_steps` None the whole validation `dataset` (plain or distributed) is evaluated, so
+    it must be finite.
+
+    Raises:
+      ConfigError: when `build_inputs(training=False)` repeats forever and `eval_steps` is None.
+    """
+    cardinality = getattr(dataset, "cardinality", None)
+    if eval_steps is not None or cardinality is None:
+        return
+    if int(cardinality() if callable(cardinality) else cardinality) == tf.data.INFINITE_CARDINALITY:
+        raise ConfigError(
+            f"{type(task).__name__}.build_inputs(training=False) repeats forever and eval_steps "
+            "is None, so evaluation would never end; return a finite validation dataset (a "
+            "CallbackTask: pass validation_dataset=...), set run_experiment.eval_steps, or use "
+            "--mode=train."
+        )
+
+
+def check_checkpointable_input(task: Any, iterator: Any) -> None:
+    """Refuses a training input whose position a checkpoint cannot hold. Eager; returns None.
+
+    tf.data cannot save an iterator over a pipeline with a stateful op (e.g. `tf.random.uniform`
+    or `tf.image.random_flip_left_right` in a `map`); without this check the first checkpoint
+    would fail with a long traceback after `checkpoint_interval` steps. Saving the fresh
+    iterator into memory (no buffer is filled yet) takes tens of milliseconds, once.
+
+    Raises:
+      ConfigError: naming the stateful op and the stateless replacement.
+    """
+    if not isinstance(iterator, tf.data.Iterator):
+        return  # parameter_server: per-worker iterators, not checkpointed
+    probe = f"ram://orbitask-input-probe-{uuid.uuid4().hex}"
+    try:
+        tf.train.Checkpoint(iterator=iterator).write(f"{probe}/ckpt")
+    except tf.errors.FailedPreconditionError as e:
+        found = re.search(r"(\w+) is stateful", str(e))
+        op = found.group(1) if found else "a stateful op"
+        raise ConfigError(
+            f"{type(task).__name__}.build_inputs(training=True) uses {op}, a stateful op, so "
+            "checkpoints cannot save the input position; use stateless random ops in its map "
+            "(tf.random.stateless_uniform, tf.image.stateless_random_flip_left_right, ...) with "
+            "seeds from tf.data.Dataset.random() zipped in."
+        ) from e
+    finally:
+        if tf.io.gfile.exists(probe):
+            tf.io.gfile.rmtree(probe)

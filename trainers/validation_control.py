@@ -14,7 +14,6 @@ from typing import Any
 import gin
 import tensorflow as tf
 from absl import logging
-from official.core import train_utils
 
 from trainers.errors import EarlyStop
 
@@ -69,6 +68,8 @@ class ValidationControl:
 
     def action(self, model_dir, checkpoint, manager, learning_rate, global_step, ema=None):
         """Eager. Returns the eval action, a callable run eagerly after each evaluation."""
+        from official.core import train_utils  # here: `official` is heavy to import
+
         exporter = train_utils.BestCheckpointExporter(
             os.path.join(model_dir, "best"),
             self.metric,

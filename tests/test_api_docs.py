@@ -1,0 +1,73 @@
+"""API docs: every public name has a docstring saying when it runs and what it returns.
+
+Public names are `tasks.__all__` and `trainers.__all__`. For a class, its public methods (its own
+and those inherited from orbitask classes) count too; an override without a docstring inherits the
+base method's, which documents the contract. "When it runs" means the docstring says eager,
+tf.function or traced; "what it returns" means it says returns (or yields).
+"""
+
+import importlib
+import inspect
+import pkgutil
+import re
+
+import pytest
+
+import tasks
+import trainers
+
+WHEN = re.compile(r"eager|tf\.function|traced", re.IGNORECASE)
+RETURNS = re.compile(r"return|yield", re.IGNORECASE)
+PUBLIC = [(pkg.__name__, name) for pkg in (tasks, trainers) for name in pkg.__all__]
+
+
+def _ours(obj) -> bool:
+    return (getattr(obj, "__module__", None) or "").split(".")[0] in ("tasks", "trainers")
+
+
+def _functions(obj):
+    """(qualified name, function) for a public function, or a class's public methods."""
+    if not inspect.isclass(obj):
+        yield obj.__name__, obj
+        return
+    seen = set()
+    for klass in obj.__mro__:
+        if not _ours(klass):
+            continue
+        for name, member in vars(klass).items():
+            if name.startswith("_") or name in seen:
+                continue
+            seen.add(name)
+            if isinstance(member, property):
+                yield f"{obj.__name__}.{name}", member.fget
+            elif inspect.isfunction(inspect.unwrap(getattr(obj, name, None) or member)):
+                yield f"{obj.__name__}.{name}", getattr(obj, name)
+            elif isinstance(member, (staticmethod, classmethod)):
+                yield f"{obj.__name__}.{name}", member.__func__
+
+
+def test_every_module_has_a_docstring():
+    missing = []
+    for pkg in (tasks, trainers):
+        for info in pkgutil.iter_modules(pkg.__path__):
+            module = importlib.import_module(f"{pkg.__name__}.{info.name}")
+            if not (module.__doc__ or "").strip():
+                missing.append(module.__name__)
+    assert not missing, f"modules without a docstring: {missing}"
+
+
+@pytest.mark.parametrize("package, name", PUBLIC, ids=[f"{p}.{n}" for p, n in PUBLIC])
+def test_public_name_is_documented(package, name):
+    obj = getattr(importlib.import_module(package), name)
+    assert (obj.__doc__ or "").strip(), f"{package}.{name} has no docstring"
+    problems = []
+    for qualified, fn in _functions(obj):
+        doc = inspect.getdoc(fn) or ""
+        if not doc:
+            problems.append(f"{qualified}: no docstring")
+            continue
+        if not WHEN.search(doc):
+            problems.append(f"{qualified}: does not say when it runs (eager / tf.function)")
+        if not RETURNS.search(doc):
+            problems.append(f"{qualified}: does not say what it returns")
+    assert not problems, "\n".join(problems)

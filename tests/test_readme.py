@@ -1,0 +1,205 @@
+"""The README and docs/*.md are executed, so the documentation cannot rot.
+
+Every fenced code block of a document, by its language:
+
+  python  run in document order, each in a fresh namespace, in one process per document. A block
+          whose first line is `# NAME.py` is instead written to that file (and imported), so the
+          blocks and commands after it can use it.
+  gin     parsed by the binary's parser (trainers.train.parse_gin); a block whose first line is
+          `# NAME.gin` is also written to that file.
+  bash    run with `bash -e`, in document order, with `orbitask` on PATH.
+  text    (or no language) output samples, pseudo-code and trees: not code.
+
+Everything runs in a fresh temporary folder (relative paths such as runs/... land there).
+Skipped: the two set-up blocks after `<!-- main-command -->` and `<!-- test-command -->` (CI runs
+the test command itself), a block right after `<!-- not-run: REASON -->`, and shell blocks that
+start processes on a cluster (`orbitask launch`, TF_CONFIG).
+
+`python tests/test_readme.py BLOCKS.json` is the per-document runner the test starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import runpy
+import subprocess
+import sys
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+SETUP_MARKERS = ("<!-- main-command -->", "<!-- test-command -->")
+SETUP_COMMANDS = {
+    "<!-- main-command -->": 'python3 -m venv .venv && .venv/bin/pip install -q -e ".[dev]" && '
+    ".venv/bin/orbitask --gin_file=experiments/digits.gin --model_dir=runs/digits",
+    "<!-- test-command -->": 'python3 -m venv .venv && .venv/bin/pip install -q -e ".[dev]" && '
+    ".venv/bin/python -m pytest tests",
+}
+CLUSTER = re.compile(r"orbitask launch|TF_CONFIG")
+LANGUAGES = {"python", "gin", "bash", "sh", "text", ""}
+FILE_LINE = re.compile(r"#\s*([\w./-]+\.(py|gin))\s*$")
+
+
+def blocks(path: Path) -> list[dict]:
+    """Every fenced block of a Markdown file: language, code, line, marker, written file."""
+    out, lines = [], path.read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        fence = re.match(r"^```\s*([\w-]*)\s*$", lines[i])
+        if not fence:
+            i += 1
+            continue
+        start = i
+        i += 1
+        while i < len(lines) and not lines[i].startswith("```"):
+            i += 1
+        code = "\n".join(lines[start + 1 : i]) + "\n"
+        before = [line.strip() for line in lines[:start] if line.strip()]
+        first = code.splitlines()[0] if code.strip() else ""
+        named = FILE_LINE.match(first)
+        out.append(
+            dict(
+                language=fence.group(1).lower(),
+                code=code,
+                line=start + 1,
+                marker=before[-1] if before and before[-1].startswith("<!--") else "",
+                file=named.group(1) if named else None,
+            )
+        )
+        i += 1
+    return out
+
+
+def _skipped(block: dict) -> bool:
+    if block["marker"] in SETUP_MARKERS or block["marker"].startswith("<!-- not-run:"):
+        return True
+    return block["language"] in ("bash", "sh") and bool(CLUSTER.search(block["code"]))
+
+
+def _env() -> dict:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    env.pop("TF_CONFIG", None)
+    env.pop("PYTHONPATH", None)  # the repo root on it makes gin read configs/ as a package
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def _run(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(command, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=600)
+
+
+def _check(result: subprocess.CompletedProcess, what: str) -> None:
+    tail = (result.stdout[-3000:] + "\n" + result.stderr[-3000:]).strip()
+    assert result.returncode == 0, f"{what} failed (exit {result.returncode}):\n{tail}"
+    assert "Traceback" not in result.stderr, f"{what} printed a traceback:\n{tail}"
+
+
+# ------------------------------------------------------------------------------------- tests
+
+
+def test_setup_commands_are_intact():
+    found = {b["marker"]: b for b in blocks(REPO / "README.md") if b["marker"] in SETUP_MARKERS}
+    for marker, command in SETUP_COMMANDS.items():
+        assert marker in found, f"README.md lost its {marker} block"
+        assert found[marker]["language"] == "bash"
+        assert found[marker]["code"].strip() == command
+
+
+def test_every_block_has_a_known_language():
+    for document in DOCUMENTS:
+        for block in blocks(document):
+            assert block["language"] in LANGUAGES, (
+                f"{document.name}:{block['line']}: ```{block['language']} blocks are not run; "
+                "use python, gin, bash or text (see tests/test_readme.py)"
+            )
+
+
+def test_the_readme_runs_python_gin_and_shell_blocks():
+    runnable = [b for b in blocks(REPO / "README.md") if not _skipped(b)]
+    kinds = {b["language"] for b in runnable}
+    assert {"python", "gin", "bash"} <= kinds, kinds
+
+
+def _document_id(path: Path) -> str:
+    return str(path.relative_to(REPO))
+
+
+def test_docs_exist():
+    names = {p.name for p in DOCUMENTS}
+    for guide in ("porting_from_seed.md", "porting_from_model_garden.md", "porting_from_keras.md"):
+        assert guide in names, f"docs/{guide} is missing"
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=_document_id)
+def test_document_runs(document, tmp_path):
+    chosen = [b for b in blocks(document) if not _skipped(b)]
+    for block in chosen:
+        if block["file"]:
+            target = tmp_path / block["file"]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(block["code"])
+    inline = [b for b in chosen if b["language"] in ("python", "gin")]
+    shell = [b for b in chosen if b["language"] in ("bash", "sh")]
+    if not inline and not shell:
+        pytest.skip(f"{document.name} has no code blocks")
+    spec = tmp_path / "_blocks.json"
+    spec.write_text(json.dumps({"document": document.name, "blocks": inline}))
+
+    def run_inline():
+        if inline:
+            result = _run([sys.executable, __file__, str(spec)], tmp_path)
+            _check(result, f"{document.name}'s python and gin blocks")
+
+    def run_shell():
+        for block in shell:
+            result = _run(["bash", "-e", "-o", "pipefail", "-c", block["code"]], tmp_path)
+            _check(result, f"{document.name}:{block['line']} (bash)")
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for future in [pool.submit(run_inline), pool.submit(run_shell)]:
+            future.result()
+
+
+# ------------------------------------------------------------------------- the block runner
+
+
+def _run_blocks(spec_path: str) -> int:
+    """Parses the gin blocks, then runs the python blocks; the first failure exits 1."""
+    spec = json.loads(Path(spec_path).read_text())
+    sys.path.insert(0, os.getcwd())
+    import gin
+
+    from trainers import train
+
+    for block in spec["blocks"]:
+        where = f"{spec['document']}:{block['line']}"
+        try:
+            if block["language"] == "gin":
+                path = block["file"] or f"_block_{block['line']}.gin"
+                Path(path).write_text(block["code"])
+                gin.clear_config()
+                train.parse_gin([path], [])
+                gin.clear_config()  # gin bindings must not reach the python blocks
+            elif block["file"]:
+                if block["file"].endswith(".py") and "/" not in block["file"]:
+                    __import__(block["file"][:-3])
+            else:  # from a file, so that AutoGraph and tracebacks can read the source
+                path = f"_{spec['document']}_line{block['line']}.py"
+                Path(path).write_text(block["code"])
+                runpy.run_path(path, run_name="__main__")
+        except BaseException:  # noqa: BLE001 -- report which block failed, then stop
+            print(f"{where} ({block['language']} block) failed:", file=sys.stderr, flush=True)
+            traceback.print_exc()
+            return 1
+        print(f"{where} ok", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_run_blocks(sys.argv[1]))

@@ -1,0 +1,95 @@
+"""`orbitask report`: a PNG of the curves and a text summary from a real run's event files."""
+
+import re
+
+import pytest
+from PIL import Image
+
+from tests.helpers import TinyTask
+from trainers import cli, report, run_experiment
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A real 20-step train_and_eval run: summaries every loop, evals at steps 10 and 20."""
+    path = tmp_path_factory.mktemp("report") / "run"
+    run_experiment(
+        TinyTask(),
+        str(path),
+        mode="train_and_eval",
+        train_steps=20,
+        global_batch_size=8,
+        steps_per_loop=5,
+        eval_interval=10,
+        checkpoint_interval=10,
+        progress=False,
+    )
+    return path
+
+
+def test_report_writes_the_png_and_a_summary(model_dir, capsys):
+    assert cli.main(["report", f"--model_dir={model_dir}"]) == 0
+    out = capsys.readouterr().out
+    png = model_dir / "report.png"
+    with Image.open(png) as image:
+        assert image.format == "PNG" and image.size == (1000, 700)
+    assert re.search(r"^train +20 steps, last loss [0-9.e+-]+$", out, re.M), out
+    assert re.search(
+        r"^best +eval accuracy [0-9.]+ at step (10|20) \(max; last [0-9.]+ at step 20\)", out, re.M
+    ), out
+    assert re.search(rf"^checkpoint +{re.escape(str(model_dir))}/ckpt-20$", out, re.M), out
+    assert re.search(r"^time +[0-9.]+ s in 1 process ", out, re.M), out
+    assert f"plot        {png}" in out
+
+
+def test_the_run_holds_every_plotted_series(model_dir):
+    run = report.load_run(str(model_dir))
+    for tag in ("loss", "grad_norm", "learning_rate", "steps_per_second"):
+        steps, values = run.train[tag]
+        assert list(steps) == [5, 10, 15, 20], tag  # one value per step, duplicates merged
+    assert list(run.eval["accuracy"][0]) == [10, 20]
+    assert report.pick_metric(run) == "accuracy"
+    assert report.pick_metric(run, "loss") == "loss"
+    value, step = report.best(run, "loss")
+    assert value == min(run.eval["loss"][1]) and step in (10, 20)
+
+
+def test_output_and_metric_flags(model_dir, tmp_path, capsys):
+    png = tmp_path / "curves.png"
+    assert report.main([f"--model_dir={model_dir}", f"--output={png}", "--metric=loss"]) == 0
+    assert png.stat().st_size > 10_000
+    assert re.search(r"best +eval loss [0-9.e+-]+ at step \d+ \(min;", capsys.readouterr().out)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([], "--model_dir is required"),
+        (["--model_dir={missing}"], "--model_dir '.*missing' does not exist"),
+        (["--model_dir={empty}"], "no TensorBoard event files in .*empty/train .*--model_dir"),
+        (
+            ["--model_dir={run}", "--metric=f1"],
+            "--metric 'f1' is not an eval summary of this run; it has: accuracy, loss.",
+        ),
+        (["--model_dir={run}", "--output={missing}/x.png"], "cannot write the plot to --output"),
+        (["--modle_dir=x"], "Unknown command line flag 'modle_dir'"),
+        (["{run}"], "unexpected argument.*use --model_dir=DIR"),
+    ],
+    ids=["no_dir", "missing", "empty", "bad_metric", "bad_output", "typo", "positional"],
+)
+def test_mistakes_are_one_line(model_dir, tmp_path, capsys, args, message):
+    (tmp_path / "empty").mkdir()
+    paths = dict(run=model_dir, missing=tmp_path / "missing", empty=tmp_path / "empty")
+    assert report.main([a.format(**paths) for a in args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("orbitask: error: "), err
+    assert re.search(message, err), err
+
+
+def test_cli_dispatch(capsys):
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in cli.COMMANDS)
+    assert cli.main(["bogus"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("orbitask: error: unknown command 'bogus'; commands: train, report, new")
