@@ -1,0 +1,1 @@
+"""Throughput benchmarks (see README, "Performance") and fault injection."""

@@ -1,0 +1,144 @@
+"""Runs contenders in separate processes, interleaved: one timed window each per round.
+
+A group is one workload at one replica count with its contenders. `run_group` starts one
+`benchmarks.worker` process per contender; they warm up (import, build, trace, compile)
+together, then the harness lets exactly one of them train at a time: round r runs one window
+of every contender, in an order rotated by r, so slow drifts of the machine's load hit every
+contender alike. Each window's time is measured inside its worker (`time.perf_counter` between
+the harness's `go` and the window's last step), never including another process's work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclasses.dataclass
+class Group:
+    """One workload at one replica count and the contenders compared on it."""
+
+    workload: str
+    replicas: int
+    contenders: list[str]
+    window: int | None = None  # steps per window; None: the workload's default
+
+
+@dataclasses.dataclass
+class Result:
+    """What one contender measured: steps/s of each round, peak RSS and extra figures."""
+
+    group: Group
+    contender: str
+    rates: list[float] = dataclasses.field(default_factory=list)
+    peak_rss_mb: float | None = None
+    extra: dict = dataclasses.field(default_factory=dict)
+
+
+class Worker:
+    """A `benchmarks.worker` process and the pipe it reports on. Eager, host side."""
+
+    def __init__(self, group: Group, contender: str, rounds: int, steps_per_call: int, log_dir):
+        read_fd, write_fd = os.pipe()
+        command = [
+            sys.executable,
+            "-m",
+            "benchmarks.worker",
+            f"--contender={contender}",
+            f"--workload={group.workload}",
+            f"--replicas={group.replicas}",
+            f"--windows={rounds}",
+            f"--steps_per_call={steps_per_call}",
+            f"--report_fd={write_fd}",
+        ]
+        if group.window:
+            command.append(f"--window={group.window}")
+        name = f"{group.workload}-x{group.replicas}-{contender.replace('@', '_')}.log"
+        self.log_path = os.path.join(log_dir, name)
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+        with open(self.log_path, "w") as log:
+            self.process = subprocess.Popen(
+                command,
+                cwd=REPO_ROOT,
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                pass_fds=(write_fd,),
+                env=env,
+                text=True,
+            )
+        os.close(write_fd)
+        self.reports = os.fdopen(read_fd)
+        self.contender = contender
+
+    def expect(self, event: str) -> dict:
+        """Waits for the next report and checks it is `event`."""
+        line = self.reports.readline()
+        if not line:
+            self.process.wait()
+            with open(self.log_path) as log:
+                tail = log.read()[-3000:]
+            raise RuntimeError(
+                f"benchmark worker {self.contender!r} exited with status "
+                f"{self.process.returncode} before reporting {event!r}; its log "
+                f"({self.log_path}) ends with:\n{tail}"
+            )
+        message = json.loads(line)
+        if message.get("event") != event:
+            raise RuntimeError(f"worker {self.contender!r}: expected {event!r}, got {message}")
+        return message
+
+    def go(self) -> None:
+        self.process.stdin.write("go\n")
+        self.process.stdin.flush()
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        self.reports.close()
+
+
+def run_group(
+    group: Group, rounds: int, steps_per_call: int, log_dir: str, echo=print
+) -> list[Result]:
+    """Runs every contender of `group` for `rounds` interleaved windows; returns their results."""
+    workers = [Worker(group, c, rounds, steps_per_call, log_dir) for c in group.contenders]
+    results = [Result(group, c) for c in group.contenders]
+    try:
+        started = time.monotonic()
+        for worker in workers:
+            worker.expect("ready")
+        echo(
+            f"  {group.workload} x{group.replicas}: {len(workers)} contenders warmed up in "
+            f"{time.monotonic() - started:.0f} s"
+        )
+        for r in range(rounds):
+            order = list(range(len(workers)))
+            order = order[r % len(order) :] + order[: r % len(order)]
+            for i in order:
+                workers[i].go()
+                window = workers[i].expect("window")
+                results[i].rates.append(window["steps"] / window["seconds"])
+            echo(f"  round {r + 1}/{rounds} done ({time.monotonic() - started:.0f} s)")
+        finishing = time.monotonic()
+        for worker in workers:
+            worker.go()  # all finish at once (orbitask saves its last checkpoint), untimed
+        for worker, result in zip(workers, results, strict=True):
+            done = worker.expect("done")
+            result.peak_rss_mb = done.pop("peak_rss_mb")
+            done.pop("event")
+            result.extra = done
+        for worker in workers:
+            worker.process.wait(timeout=120)
+        echo(f"  finished in {time.monotonic() - finishing:.0f} s")
+    finally:
+        for worker in workers:
+            worker.close()
+    return results

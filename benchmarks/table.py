@@ -1,0 +1,120 @@
+"""Turns harness results into the Markdown table and the list of targets met or missed."""
+
+from __future__ import annotations
+
+import statistics
+
+from benchmarks.harness import Result
+
+WORKLOAD_TITLES = {
+    "mlp": "MLP, digits, batch 128 (overhead-bound)",
+    "cnn": "CNN, 32x32x3, batch 64 (compute-bound)",
+    "input": "MLP, digits + per-example augmentation, batch 128 (input-bound)",
+}
+
+
+def contender_title(name: str, steps_per_call: int) -> str:
+    """A readable name for a contender id such as `keras3@N`."""
+    fixed = {
+        "reference": f"hand-written loop, {steps_per_call} steps/call (reference)",
+        "orbitask": "orbitask default",
+        "orbitask-quiet": "orbitask, default callbacks + progress off",
+        "orbitask-lean": "orbitask, callbacks + progress + periodic checkpoints off",
+        "orbitask-xla": "orbitask, jit_compile=True",
+    }
+    if name in fixed:
+        return fixed[name]
+    flavour, spe = name.split("@")
+    spe = str(steps_per_call) if spe == "N" else spe
+    return f"{'Keras 3' if flavour == 'keras3' else 'tf_keras'} fit, steps_per_execution={spe}"
+
+
+def paired_ratio(result: Result, base: Result) -> float:
+    """Median over rounds of `result`'s rate / `base`'s rate in the same round."""
+    return statistics.median(a / b for a, b in zip(result.rates, base.rates, strict=True))
+
+
+def _by_name(results: list[Result]) -> dict[str, Result]:
+    return {r.contender: r for r in results}
+
+
+def markdown(groups: list[list[Result]], steps_per_call: int) -> str:
+    """One Markdown table: a block of rows per group."""
+    lines = [
+        "| workload | replicas | contender | steps/s median | min-max | ratio to reference "
+        "| peak RSS MiB | RSS vs reference |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for results in groups:
+        ref = _by_name(results).get("reference")
+        for r in results:
+            ratio = f"{paired_ratio(r, ref):.3f}" if ref else "-"
+            rss = f"{r.peak_rss_mb:.0f}" if r.peak_rss_mb else "-"
+            rss_vs = (
+                f"{100 * (r.peak_rss_mb / ref.peak_rss_mb - 1):+.1f}%"
+                if ref and ref.peak_rss_mb and r.peak_rss_mb
+                else "-"
+            )
+            lines.append(
+                f"| {r.group.workload} | {r.group.replicas} | "
+                f"{contender_title(r.contender, steps_per_call)} | "
+                f"{statistics.median(r.rates):.1f} | {min(r.rates):.1f}-{max(r.rates):.1f} | "
+                f"{ratio} | {rss} | {rss_vs} |"
+            )
+    return "\n".join(lines)
+
+
+def targets(groups: list[list[Result]]) -> list[str]:
+    """One line per target that this run can check: the figure, the bound, met or missed."""
+    out = []
+
+    def check(label: str, value: float, ok: bool, text: str) -> None:
+        out.append(f"- [{'met' if ok else 'MISSED'}] {label}: {text.format(value)}")
+
+    for results in groups:
+        by = _by_name(results)
+        where = f"{results[0].group.workload} x{results[0].group.replicas}"
+        ref, orb = by.get("reference"), by.get("orbitask")
+        if ref and orb:
+            v = paired_ratio(orb, ref)
+            check(f"{where} orbitask / reference", v, v >= 0.97, "{:.3f} (target >= 0.97)")
+            if ref.peak_rss_mb and orb.peak_rss_mb:
+                v = orb.peak_rss_mb / ref.peak_rss_mb - 1
+                check(f"{where} orbitask peak RSS", v, v <= 0.05, "{:+.1%} vs reference (<= +5%)")
+        keras = [by[k] for k in by if k.startswith("keras3@")]
+        if orb and keras:
+            best = max(keras, key=lambda k: statistics.median(k.rates))
+            v = paired_ratio(orb, best)
+            check(
+                f"{where} orbitask / best Keras 3 fit ({best.contender})",
+                v,
+                v >= 1.0,
+                "{:.3f} (target >= 1)",
+            )
+        quiet = by.get("orbitask-quiet")
+        if orb and quiet:
+            v = 1 - paired_ratio(orb, quiet)
+            check(f"{where} cost of default callbacks + progress", v, v <= 0.02, "{:.1%} (<= 2%)")
+        lean = by.get("orbitask-lean")
+        if lean and ref:
+            v = paired_ratio(lean, ref)
+            out.append(f"- [info] {where} orbitask with nothing on the host / reference: {v:.3f}")
+        xla = by.get("orbitask-xla")
+        if orb and xla:
+            v = paired_ratio(xla, orb)
+            out.append(f"- [info] {where} jit_compile=True / default: {v:.3f}")
+        if orb and orb.extra.get("ckpt_save_ms"):
+            out.append(
+                f"- [info] {where} orbitask checkpoint saves (every 100 steps by default): "
+                f"{orb.extra['ckpt_save_ms']:.0f} ms each, {orb.extra['ckpt_share']:.0%} of the "
+                "timed windows"
+            )
+        if orb and orb.extra.get("ckpt_first_kb"):
+            first, last = orb.extra["ckpt_first_kb"], orb.extra["ckpt_last_kb"]
+            check(
+                f"{where} checkpoint size, first kept vs last",
+                last / first - 1,
+                last <= 1.2 * first,
+                f"{first:.0f} KiB -> {last:.0f} KiB ({{:+.0%}}, {orb.extra['ckpts_kept']} kept)",
+            )
+    return out

@@ -1,0 +1,126 @@
+"""One contender in its own process, paced by the harness (`benchmarks/run.py` starts these).
+
+    python -m benchmarks.worker --contender orbitask --workload mlp --replicas 1 --windows 5 \
+        --report_fd 5
+
+Protocol: at every window boundary the worker writes one JSON line to `--report_fd`
+(`{"event": "ready"}` after warm-up, then `{"event": "window", "seconds": ..., "steps": ...}`) and
+blocks reading stdin until the harness writes `go`. At the end it writes
+`{"event": "done", "peak_rss_mb": ..., ...}`. The contender's own output (progress lines,
+`print_loss`) goes to stdout, which the harness sends to a log file, as a CI log would be.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+
+CONTENDERS = (
+    "reference",
+    "orbitask",
+    "orbitask-quiet",
+    "orbitask-lean",
+    "orbitask-xla",
+    "keras3@1",
+    "keras3@N",
+    "tf_keras@1",
+    "tf_keras@N",
+)
+
+
+class Gate:
+    """Reports each window's time and blocks until the harness says `go`. Eager, host side."""
+
+    def __init__(self, report, steps: int):
+        self.report = report
+        self.steps = steps
+        self.start: float | None = None
+        self.windows: list[tuple[float, float]] = []
+
+    def in_window(self, moment: float) -> bool:
+        """Whether `moment` (a `time.perf_counter()` value) fell inside a timed window."""
+        return any(start <= moment <= end for start, end in self.windows)
+
+    def timed_seconds(self) -> float:
+        return sum(end - start for start, end in self.windows)
+
+    def send(self, **message) -> None:
+        self.report.write(json.dumps(message) + "\n")
+        self.report.flush()
+
+    def __call__(self) -> None:
+        now = time.perf_counter()
+        if self.start is None:
+            self.send(event="ready")
+        else:
+            self.windows.append((self.start, now))
+            self.send(event="window", seconds=now - self.start, steps=self.steps)
+        command = sys.stdin.readline().strip()
+        if command != "go":
+            raise SystemExit(f"worker: expected 'go' from the harness, got {command!r}")
+        self.start = time.perf_counter()
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set size in MiB (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--contender", choices=CONTENDERS, required=True)
+    parser.add_argument("--workload", required=True)
+    parser.add_argument("--replicas", type=int, default=1)
+    parser.add_argument("--windows", type=int, required=True)
+    parser.add_argument("--window", type=int, help="steps per window (default: the workload's)")
+    parser.add_argument("--steps_per_call", type=int, default=100)
+    parser.add_argument("--report_fd", type=int, required=True)
+    args = parser.parse_args(argv)
+    report = os.fdopen(args.report_fd, "w")
+
+    import dataclasses
+
+    import tensorflow as tf
+
+    if args.replicas > 1:  # before anything initialises TensorFlow's devices
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(args.replicas)]
+        )
+    from benchmarks import contenders, workloads
+
+    workload = workloads.WORKLOADS[args.workload]
+    if args.window:
+        workload = dataclasses.replace(workload, window=args.window)
+    gate = Gate(report, workload.window)
+    common = dict(workload=workload, replicas=args.replicas, gate=gate, windows=args.windows)
+    name = args.contender
+    n = args.steps_per_call
+    if name == "reference":
+        extra = contenders.run_reference(**common, steps_per_call=n)
+    elif name.startswith("orbitask"):
+        extra = contenders.run_orbitask(
+            **common,
+            callbacks=name not in ("orbitask-quiet", "orbitask-lean"),
+            jit_compile=name == "orbitask-xla",
+            checkpoints=name != "orbitask-lean",
+        )
+    else:
+        flavour, spe = name.split("@")
+        extra = contenders.run_keras_fit(
+            **common,
+            flavour="tf_keras" if flavour == "tf_keras" else "keras",
+            steps_per_execution=n if spe == "N" else int(spe),
+        )
+    gate.send(event="done", peak_rss_mb=peak_rss_mb(), **extra)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # skip TensorFlow's teardown (seconds per process); everything is reported
+
+
+if __name__ == "__main__":
+    main()

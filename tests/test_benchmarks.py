@@ -1,0 +1,72 @@
+"""The throughput harness runs end to end (tiniest plan); checks it led to: XLA, stateful input."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tensorflow as tf
+
+from tests.helpers import TinyTask
+from trainers import ConfigError, run_experiment
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_tiny_benchmark_prints_the_table(tmp_path):
+    report = tmp_path / "report.md"
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/run.py", "--tiny", f"--out={report}", f"--logs={tmp_path}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    text = report.read_text()
+    assert text in proc.stdout
+    assert "| workload | replicas | contender | steps/s median | min-max |" in text
+    for contender in ("(reference) |", "| orbitask default |"):
+        assert contender in text, text
+    assert "orbitask / reference:" in text
+    assert "Command: `.venv/bin/python benchmarks/run.py --tiny" in text
+
+
+def _loss(tmp_path, name, **kwargs):
+    logs = run_experiment(
+        TinyTask(),
+        str(tmp_path / name),
+        mode="train",
+        train_steps=4,
+        global_batch_size=8,
+        progress=False,
+        seed=1,
+        **kwargs,
+    )
+    return logs["train"]["loss"]
+
+
+def test_jit_compile_trains_like_the_default_step(tmp_path):
+    plain = _loss(tmp_path, "plain", strategy="one_device")
+    assert _loss(tmp_path, "xla", strategy="one_device", jit_compile=True) == pytest.approx(
+        plain, rel=1e-4
+    )
+
+
+def test_jit_compile_on_logical_cpu_replicas_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"`jit_compile=True` cannot run 2 replicas"):
+        _loss(tmp_path, "xla2", strategy="mirrored", jit_compile=True)
+
+
+class NoisyTask(TinyTask):
+    """Augments with a stateful random op, which a checkpoint cannot hold."""
+
+    def build_inputs(self, per_replica_batch_size, input_context=None, training=True):
+        dataset = super().build_inputs(per_replica_batch_size, input_context, training)
+        return dataset.map(lambda x, y: (x + tf.random.normal(tf.shape(x), stddev=0.01), y))
+
+
+def test_stateful_training_input_is_refused_before_the_first_step(tmp_path):
+    with pytest.raises(ConfigError, match=r"NoisyTask.build_inputs\(training=True\) uses Random"):
+        run_experiment(NoisyTask(), str(tmp_path), mode="train", train_steps=2, global_batch_size=8)
+    assert not list(tmp_path.glob("ckpt-*"))
