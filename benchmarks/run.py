@@ -24,20 +24,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import table  # noqa: E402
+from benchmarks import table, worker  # noqa: E402
 from benchmarks.harness import Group, run_group  # noqa: E402
 
-SINGLE = [
-    "reference",
-    "orbitask",
-    "orbitask-quiet",
-    "orbitask-lean",
-    "orbitask-xla",
-    "keras3@1",
-    "keras3@N",
-    "tf_keras@1",
-    "tf_keras@N",
-]
+SINGLE = list(worker.CONTENDERS)
 PLANS = {
     # name: (rounds, steps_per_call, groups)
     "full": (

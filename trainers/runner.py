@@ -309,7 +309,6 @@ def _setup(
             model,
             loss_fn,
             train_iterator,
-            checkpoint_interval,
             callbacks.trackables(),
             extra_state,
         )
@@ -466,7 +465,6 @@ def _build_checkpoint(
     model,
     loss_fn,
     train_iterator,
-    interval,
     stateful_callbacks,
     extra_state,
 ):
