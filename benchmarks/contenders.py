@@ -125,7 +125,7 @@ def run_orbitask(
     if jit_compile:
         bindings.append("orbitask.run_experiment.jit_compile = True")
     if not checkpoints:  # saved once, at the end
-        bindings.append("orbitask.run_experiment.checkpoint_interval = None")
+        bindings.append("orbitask.run_experiment.checkpoint_seconds = None")
     parse_gin([os.path.join(REPO_ROOT, "configs", "defaults.gin")], bindings)
     boundaries = [workload.window * (k + 1) for k in range(windows + 1)]
     task = BenchTask(workload.name, gate, boundaries, callbacks=callbacks)

@@ -105,7 +105,7 @@ def targets(groups: list[list[Result]]) -> list[str]:
             out.append(f"- [info] {where} jit_compile=True / default: {v:.3f}")
         if orb and orb.extra.get("ckpt_save_ms"):
             out.append(
-                f"- [info] {where} orbitask checkpoint saves (every 100 steps by default): "
+                f"- [info] {where} orbitask checkpoint saves inside timed windows: "
                 f"{orb.extra['ckpt_save_ms']:.0f} ms each, {orb.extra['ckpt_share']:.0%} of the "
                 "timed windows"
             )

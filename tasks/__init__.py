@@ -2,7 +2,7 @@
 
 from tasks.base import Task
 from tasks.callback_task import CallbackTask
-from tasks.callbacks import CallbackContext, print_loss, print_step
+from tasks.callbacks import CallbackContext, deferred, print_loss, print_step
 from tasks.digits import DigitsClassification
 from tasks.digits_cnn import DigitsCNN
 from tasks.digits_gan import DigitsGAN
@@ -18,6 +18,7 @@ __all__ = [
     "DigitsParity",
     "MultiTask",
     "Task",
+    "deferred",
     "print_loss",
     "print_step",
 ]

@@ -1,7 +1,9 @@
 """Runs a Task's `every_steps` / `at_step` callbacks as an Orbit train action, at exact steps.
 
 The Controller calls the action after every device loop; `steps_until_due` is folded into Orbit's
-`steps_per_loop` callable so that a loop always ends exactly where a callback is due.
+`steps_per_loop` callable so that a loop always ends exactly where a callback is due. Callbacks
+marked `tasks.deferred` (the default `print_loss`) do not end loops: the trainer records each
+step's scalar logs (`TaskTrainer.loop_history`) and they run after the loop, once per due step.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ class CallbackAction:
       make_context: `make_context(step, logs) -> tasks.CallbackContext`.
       summary_writer: callbacks run with it as the default writer, the step set, recording on.
       extra_every: `{N: [callbacks]}` the runner adds (e.g. histograms every N steps).
+      history: `history() -> (first_step, {name: per-step values})` of the last device loop, or
+        None when the trainer records none; then deferred callbacks end loops like the others.
     """
 
     def __init__(
@@ -32,15 +36,23 @@ class CallbackAction:
         make_context: Callable,
         summary_writer,
         extra_every: dict | None = None,
+        history: Callable[[], tuple[int, dict]] | None = None,
     ):
         self.task = task
         self.global_step = global_step
         self.make_context = make_context
         self.summary_writer = summary_writer
+        self.history = history
         self.every = callbacks_lib.as_callback_lists(task.every_steps(), "every_steps")
         for n, fns in (extra_every or {}).items():  # built-in periodic work, after the task's
             self.every[n] = self.every.get(n, []) + list(fns)
         self.at = callbacks_lib.as_callback_lists(task.at_step(), "at_step")
+
+    @property
+    def has_deferred(self) -> bool:
+        """Whether any callback is `deferred` (then the trainer must record loop histories)."""
+        tables = list(self.every.values()) + list(self.at.values())
+        return any(callbacks_lib.is_deferred(fn) for fns in tables for fn in fns)
 
     def trackables(self) -> dict:
         """Stateful callbacks (tf.Module / Trackable ones), by a stable name, to checkpoint."""
@@ -52,10 +64,14 @@ class CallbackAction:
                         out[f"{name}_{n}_{i}"] = fn
         return out
 
+    def _ends_loop(self, fn) -> bool:
+        return self.history is None or not callbacks_lib.is_deferred(fn)
+
     def steps_until_due(self, step: int) -> int | None:
-        """Steps from `step` to the next step where a callback is due (None if never)."""
-        candidates = [n - step % n for n in self.every]
-        candidates += [n - step for n in self.at if n > step]
+        """Steps from `step` to the next step where a loop-ending callback is due, or None."""
+        ending = self._ends_loop
+        candidates = [n - step % n for n, fns in self.every.items() if any(map(ending, fns))]
+        candidates += [n - step for n, fns in self.at.items() if n > step and any(map(ending, fns))]
         return min(candidates) if candidates else None
 
     def due(self, step: int) -> list:
@@ -65,11 +81,38 @@ class CallbackAction:
 
     def __call__(self, train_output: dict) -> None:
         step = int(self.global_step.numpy())
+        earlier = self._earlier_steps(step)
         fns = self.due(step)
-        if not fns:
+        if not fns and not earlier:
             return
-        ctx = self.make_context(step, train_output)
+        batches: dict[Any, list] = {}  # batched deferred callback -> its contexts, in step order
         with self.summary_writer.as_default(step=step), tf.summary.record_if(True):
+            for past_step, logs in earlier:
+                ctx = self.make_context(past_step, logs)
+                for fn in filter(callbacks_lib.is_deferred, self.due(past_step)):
+                    if getattr(fn, "run_batch", None):
+                        batches.setdefault(fn, []).append(ctx)
+                    else:
+                        with self.summary_writer.as_default(step=past_step):
+                            fn(self.task, ctx)
+            for fn in [fn for fn in batches if fn not in fns]:
+                fn.run_batch(self.task, batches.pop(fn))
+            ctx = self.make_context(step, train_output)
             for fn in fns:
-                fn(self.task, ctx)
+                if fn in batches:
+                    fn.run_batch(self.task, [*batches.pop(fn), ctx])
+                else:
+                    fn(self.task, ctx)
         self.summary_writer.flush()
+
+    def _earlier_steps(self, step: int) -> list[tuple[int, dict]]:
+        """`(step, logs)` of the loop's steps before `step` where a deferred callback is due."""
+        if self.history is None:
+            return []
+        first, values = self.history()
+        out = []
+        for past in range(first, step):
+            if any(callbacks_lib.is_deferred(fn) for fn in self.due(past)):
+                i = past - first
+                out.append((past, {k: float(v[i]) for k, v in values.items() if i < len(v)}))
+        return out

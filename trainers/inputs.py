@@ -16,10 +16,18 @@ Parameter server: each worker builds its own pipeline (`input_pipeline_id` = the
 a tensor) through `ClusterCoordinator.create_per_worker_dataset`; those iterators cannot be
 saved, so a resumed PS job restarts its input from the beginning (weights, optimizer and step
 are restored).
+
+The train iterator uses tf.data's symbolic checkpointing where the pipeline supports it: the
+checkpoint then holds cursors and the shuffle buffer but not the prefetch buffer, which an
+autotuned `prefetch` grows without a useful bound (benchmarks/checkpoint_growth.py). Pipelines
+with a transformation that does not support it (`cache`, a `map` with `deterministic=False`)
+keep the explicit state, buffers included. Finding out costs one element of a throwaway
+iterator at the start (the pipeline's warm-up, e.g. filling a shuffle buffer, happens twice).
 """
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import tensorflow as tf
@@ -48,7 +56,37 @@ def train_iterator(task: Any, strategy: tf.distribute.Strategy, global_batch_siz
     context = tf.distribute.InputContext(1, 0, strategy.num_replicas_in_sync)
     with tf.device("/cpu:0"):
         dataset = _build(task, per_replica, context, training=True)
-        return iter(dataset)
+        explicit = iter(dataset)
+        try:
+            probe_save(explicit)
+        except tf.errors.FailedPreconditionError:
+            return explicit  # a stateful op, which symbolic saving would skip: `validation` says
+        options = tf.data.Options()
+        options.experimental_symbolic_checkpoint = True
+        symbolic = dataset.with_options(options)
+        probe = iter(symbolic)
+        try:
+            # After one element: some transformations (`cache`) only refuse once started.
+            next(probe)
+            probe_save(probe)
+        except tf.errors.UnimplementedError:
+            return explicit  # a transformation without symbolic support
+        except tf.errors.OutOfRangeError:
+            pass  # an empty dataset: `validation` reports it
+        return iter(symbolic)
+
+
+def probe_save(iterator: tf.data.Iterator) -> None:
+    """Saves `iterator` into memory and deletes that copy; raises what saving it raises. Eager.
+
+    On a fresh iterator (no buffer filled yet) this takes tens of milliseconds.
+    """
+    probe = f"ram://orbitask-input-probe-{uuid.uuid4().hex}"
+    try:
+        tf.train.Checkpoint(iterator=iterator).write(f"{probe}/ckpt")
+    finally:
+        if tf.io.gfile.exists(probe):
+            tf.io.gfile.rmtree(probe)
 
 
 def eval_dataset(task: Any, strategy: tf.distribute.Strategy, global_batch_size: int):

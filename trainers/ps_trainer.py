@@ -44,6 +44,7 @@ class ParameterServerTrainer(TaskTrainer):
             )
         kwargs["use_tf_while_loop"] = True
         super().__init__(**kwargs)
+        self._sync_in_loop = False  # once on the coordinator, not in every scheduled closure
         self.coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(self.strategy)
         self.workers = num_ps_workers(self.strategy)
 
@@ -63,7 +64,11 @@ class ParameterServerTrainer(TaskTrainer):
         self.global_step.assign(start + total)
         if fresh:
             keras_compat.refresh_tracking(self.optimizer)
-        return self.train_loop_end(results[-1].fetch())
+        out = results[-1].fetch()
+        # After `join`: every closure's updates are in the metrics and the learning rate.
+        out["metrics"] = {m.name: m.result() for m in self.train_metrics}
+        out["learning_rate"] = self.lr.numpy()
+        return self.train_loop_end(out)
 
     def eval_step(self, iterator):
         """One validation step on the coordinator (traced); logs as 1-tuples (one "replica")."""

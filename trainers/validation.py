@@ -13,6 +13,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from trainers import inputs
 from trainers.errors import ConfigError
 
 
@@ -148,9 +149,8 @@ def check_checkpointable_input(task: Any, iterator: Any) -> None:
     """
     if not isinstance(iterator, tf.data.Iterator):
         return  # parameter_server: per-worker iterators, not checkpointed
-    probe = f"ram://orbitask-input-probe-{uuid.uuid4().hex}"
     try:
-        tf.train.Checkpoint(iterator=iterator).write(f"{probe}/ckpt")
+        inputs.probe_save(iterator)
     except tf.errors.FailedPreconditionError as e:
         found = re.search(r"(\w+) is stateful", str(e))
         op = found.group(1) if found else "a stateful op"
@@ -160,6 +160,3 @@ def check_checkpointable_input(task: Any, iterator: Any) -> None:
             "(tf.random.stateless_uniform, tf.image.stateless_random_flip_left_right, ...) with "
             "seeds from tf.data.Dataset.random() zipped in."
         ) from e
-    finally:
-        if tf.io.gfile.exists(probe):
-            tf.io.gfile.rmtree(probe)

@@ -1,0 +1,91 @@
+"""Deferred callbacks (the default `print_loss`) see each due step's logs without ending loops."""
+
+import glob
+import os
+
+import pytest
+
+from tasks import deferred
+from tests.helpers import Recorder, TinyTask
+from trainers import TaskTrainer, run_experiment
+from trainers.report import read_events
+
+
+class Both(TinyTask):
+    """A callback every 3 steps (deferred or not) and an ordinary one every 7."""
+
+    def __init__(self, defer, **kwargs):
+        super().__init__(**kwargs)
+        self.every3, self.every7 = Recorder(), Recorder()
+        if defer:
+            deferred(self.every3)
+
+    def every_steps(self):
+        return {3: self.every3, 7: self.every7}
+
+
+def _train(task, model_dir, **kwargs):
+    settings = dict(mode="train", train_steps=23, global_batch_size=8, progress=False)
+    settings.update(kwargs)
+    return run_experiment(task, str(model_dir), **settings)
+
+
+@pytest.fixture
+def loops(monkeypatch):
+    """Counts device loops (calls of `TaskTrainer.train`)."""
+    counter = {"loops": 0}
+    train = TaskTrainer.train
+
+    def counting(self, num_steps):
+        counter["loops"] += 1
+        return train(self, num_steps)
+
+    monkeypatch.setattr(TaskTrainer, "train", counting)
+    return counter
+
+
+@pytest.mark.parametrize("use_tf_while_loop", [True, False])
+def test_deferred_callback_sees_the_same_steps_and_logs_in_fewer_loops(
+    tmp_path, loops, use_tf_while_loop
+):
+    exact = Both(defer=False, shuffle=True)
+    _train(exact, tmp_path / "exact", use_tf_while_loop=use_tf_while_loop)
+    exact_loops = loops["loops"]
+    lazy = Both(defer=True, shuffle=True)
+    _train(lazy, tmp_path / "lazy", use_tf_while_loop=use_tf_while_loop)
+    # Loops end at 3, 6, 7, 9, 12, 14, 15, 18, 21, 23 vs at 7, 14, 21, 23.
+    assert (exact_loops, loops["loops"] - exact_loops) == (10, 4)
+    assert [s for s, _ in lazy.every3.calls] == [3, 6, 9, 12, 15, 18, 21]
+    assert [s for s, _ in lazy.every7.calls] == [7, 14, 21]
+    for (step, want), (_, got) in zip(exact.every3.calls, lazy.every3.calls, strict=True):
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-6), step
+        assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-6), step
+    assert lazy.every7.calls[0][1]["loss"] == pytest.approx(exact.every7.calls[0][1]["loss"])
+
+
+def test_deferred_callback_runs_before_an_ordinary_one_due_at_the_same_step(tmp_path):
+    task = Both(defer=True)
+    order = []
+    task.every3 = deferred(lambda t, c: order.append((c.step, "every3")))
+    task.every7 = lambda t, c: order.append((c.step, "every7"))
+    _train(task, tmp_path)
+    three, seven = "every3", "every7"
+    assert order == [
+        (3, three), (6, three), (7, seven), (9, three), (12, three), (14, seven),
+        (15, three), (18, three), (21, three), (21, seven),
+    ]  # fmt: skip
+
+
+def test_default_print_loss_prints_and_writes_every_10_steps_without_ending_loops(
+    tmp_path, loops, capsys
+):
+    _train(TinyTask(), tmp_path, train_steps=30)
+    assert loops["loops"] == 1  # steps_per_loop 100; print_loss (every 10) is deferred
+    printed = [line for line in capsys.readouterr().out.splitlines() if ": loss " in line]
+    assert [line.split(":")[0] for line in printed] == ["step 10", "step 20", "step 30"]
+    (events,) = glob.glob(os.path.join(tmp_path, "train", "events.out.tfevents.*"))
+    points = {step: value for tag, step, _, value in read_events(events) if tag == "loss"}
+    assert sorted(points) == [10, 20, 30]
+    for line in printed:
+        step = int(line.split()[1].rstrip(":"))
+        assert points[step] == pytest.approx(float(line.split()[-1]), rel=1e-5)
