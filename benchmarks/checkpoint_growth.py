@@ -2,11 +2,11 @@
 
     .venv/bin/python benchmarks/checkpoint_growth.py [--workload input] [--steps 1500]
 
-The checkpoint holds the input position as the saved `tf.data` iterator. An autotuned
-`prefetch(tf.data.AUTOTUNE)` doubles its buffer whenever the training loop finds it empty (most
-often when input-bound), up to tf.data's RAM budget; saved explicitly, every checkpoint would
-hold the whole buffer. orbitask saves it symbolically where the pipeline allows
-(`trainers/inputs.py`), without the prefetch buffer. Prints the size of every kept checkpoint
+The checkpoint holds the input position as the saved `tf.data` iterator, buffers included. An
+autotuned `prefetch(tf.data.AUTOTUNE)` doubles its buffer whenever the training loop finds it
+empty (most often when input-bound), up to tf.data's RAM budget, and every checkpoint saves the
+whole buffer (tf.data's symbolic checkpointing leaves it out but slows the pipeline 5x, see
+trainers/inputs.py). Prints the size of every kept checkpoint
 for both settings (default configuration but a checkpoint every 100 steps, callbacks off so the
 output stays short).
 """

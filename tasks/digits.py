@@ -68,7 +68,8 @@ class DigitsClassification(Task):
         if training:
             ds = ds.shuffle(self.shuffle_buffer, seed=self.seed).repeat()
         ds = ds.batch(per_replica_batch_size, drop_remainder=training)
-        return ds.prefetch(tf.data.AUTOTUNE)
+        # A fixed buffer: checkpoints save it, and an autotuned one grows (README, Performance).
+        return ds.prefetch(2)
 
     def build_model(self):
         reg = keras.regularizers.L2(self.l2) if self.l2 else None

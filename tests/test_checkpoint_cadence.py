@@ -1,14 +1,10 @@
-"""When checkpoints are written (steps, seconds, end) and what the input position costs in them."""
+"""When checkpoints are written: at step multiples, after enough seconds, at the end."""
 
-import os
-import time
-
-import numpy as np
 import pytest
 import tensorflow as tf
 
 from tests.helpers import TinyTask
-from trainers import inputs, run_experiment
+from trainers import run_experiment
 from trainers.errors import ConfigError
 
 
@@ -40,35 +36,3 @@ def test_step_rule_saves_at_multiples_without_the_time_rule(tmp_path):
 def test_bad_checkpoint_seconds_is_one_line(tmp_path, bad):
     with pytest.raises(ConfigError, match=r"`checkpoint_seconds` must be a positive number"):
         _train(tmp_path, checkpoint_seconds=bad)
-
-
-class Prefetching(TinyTask):
-    """Big batches behind a deep prefetch buffer (or a cache, which has no symbolic state)."""
-
-    def __init__(self, cache=False, **kwargs):
-        super().__init__(n=4096, **kwargs)
-        self.x = np.tile(self.x, (1, 200))  # 1200 floats an example: ~600 KiB a batch of 128
-        self.cache = cache
-
-    def build_inputs(self, per_replica_batch_size, input_context=None, training=True):
-        ds = tf.data.Dataset.from_tensor_slices((self.x, self.y))
-        ds = (ds.cache() if self.cache else ds).repeat().batch(per_replica_batch_size)
-        return ds.prefetch(32)
-
-
-def _iterator_checkpoint_kib(task, tmp_path) -> float:
-    iterator = inputs.train_iterator(task, tf.distribute.get_strategy(), 128)
-    next(iterator)
-    time.sleep(1.0)  # let the prefetch buffer fill
-    prefix = tf.train.Checkpoint(iterator=iterator).write(str(tmp_path / "ckpt"))
-    files = tf.io.gfile.glob(prefix + "*")
-    return sum(os.path.getsize(f) for f in files) / 1024
-
-
-def test_input_position_does_not_hold_the_prefetch_buffer(tmp_path):
-    # Explicit iterator state holds the prefetched batches of ~600 KiB each (next test).
-    assert _iterator_checkpoint_kib(Prefetching(), tmp_path) < 1024
-
-
-def test_pipeline_without_symbolic_support_keeps_the_explicit_state(tmp_path):
-    assert _iterator_checkpoint_kib(Prefetching(cache=True), tmp_path) > 2 * 1024

@@ -89,3 +89,15 @@ def test_default_print_loss_prints_and_writes_every_10_steps_without_ending_loop
     for line in printed:
         step = int(line.split()[1].rstrip(":"))
         assert points[step] == pytest.approx(float(line.split()[-1]), rel=1e-5)
+
+
+def test_every_loops_train_scalars_reach_tensorboard_though_written_in_batches(tmp_path):
+    # Loops of 10 steps; the kept points are written at 100 (10 loops) and at the end.
+    _train(TinyTask(), tmp_path, train_steps=130, steps_per_loop=10)
+    (events,) = glob.glob(os.path.join(tmp_path, "train", "events.out.tfevents.*"))
+    by_tag = {}
+    for tag, step, _, value in read_events(events):
+        by_tag.setdefault(tag, {})[step] = value
+    for tag in ("grad_norm", "learning_rate", "steps_per_second"):
+        assert sorted(by_tag[tag]) == list(range(10, 131, 10)), tag
+    assert by_tag["learning_rate"][130] == pytest.approx(1e-3)

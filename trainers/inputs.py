@@ -17,12 +17,9 @@ a tensor) through `ClusterCoordinator.create_per_worker_dataset`; those iterator
 saved, so a resumed PS job restarts its input from the beginning (weights, optimizer and step
 are restored).
 
-The train iterator uses tf.data's symbolic checkpointing where the pipeline supports it: the
-checkpoint then holds cursors and the shuffle buffer but not the prefetch buffer, which an
-autotuned `prefetch` grows without a useful bound (benchmarks/checkpoint_growth.py). Pipelines
-with a transformation that does not support it (`cache`, a `map` with `deterministic=False`)
-keep the explicit state, buffers included. Finding out costs one element of a throwaway
-iterator at the start (the pipeline's warm-up, e.g. filling a shuffle buffer, happens twice).
+The train iterator is saved explicitly, buffers included; tf.data's symbolic checkpointing
+(which leaves the prefetch buffer out) made the digits pipeline 5x slower (0.2 -> 1.1 ms a
+batch), so it is not used: prefetch a fixed number of batches (README, Performance).
 """
 
 from __future__ import annotations
@@ -56,24 +53,7 @@ def train_iterator(task: Any, strategy: tf.distribute.Strategy, global_batch_siz
     context = tf.distribute.InputContext(1, 0, strategy.num_replicas_in_sync)
     with tf.device("/cpu:0"):
         dataset = _build(task, per_replica, context, training=True)
-        explicit = iter(dataset)
-        try:
-            probe_save(explicit)
-        except tf.errors.FailedPreconditionError:
-            return explicit  # a stateful op, which symbolic saving would skip: `validation` says
-        options = tf.data.Options()
-        options.experimental_symbolic_checkpoint = True
-        symbolic = dataset.with_options(options)
-        probe = iter(symbolic)
-        try:
-            # After one element: some transformations (`cache`) only refuse once started.
-            next(probe)
-            probe_save(probe)
-        except tf.errors.UnimplementedError:
-            return explicit  # a transformation without symbolic support
-        except tf.errors.OutOfRangeError:
-            pass  # an empty dataset: `validation` reports it
-        return iter(symbolic)
+        return iter(dataset)
 
 
 def probe_save(iterator: tf.data.Iterator) -> None:
