@@ -110,9 +110,13 @@ class CallbackAction:
         if self.history is None:
             return []
         first, values = self.history()
+        deferred = callbacks_lib.is_deferred
+        steps = {n for n, fns in self.at.items() if first <= n < step and any(map(deferred, fns))}
+        for n, fns in self.every.items():
+            if any(map(deferred, fns)):
+                steps.update(range(first + (-first) % n, step, n))  # multiples of n in the loop
         out = []
-        for past in range(first, step):
-            if any(callbacks_lib.is_deferred(fn) for fn in self.due(past)):
-                i = past - first
-                out.append((past, {k: float(v[i]) for k, v in values.items() if i < len(v)}))
+        for past in sorted(steps):
+            i = past - first
+            out.append((past, {k: float(v[i]) for k, v in values.items() if i < len(v)}))
         return out

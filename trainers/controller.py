@@ -1,6 +1,8 @@
 """`Controller`: Orbit's outer loop with orbitask's checkpoint policy.
 
-Three changes to `orbit.Controller`: it restores the newest *readable* checkpoint (a corrupt
+Four changes to `orbit.Controller`: its training loop reads the step once per device loop
+(Orbit reads it ~6 times and formats a log line, ~0.6 ms a loop, 1% of a small model's time);
+it restores the newest *readable* checkpoint (a corrupt
 latest one is skipped with a warning, never deleted); it saves at exact multiples of the
 checkpoint interval (Orbit's manager counts from the first save, so it would save at step 1,
 1+k, ...); and it also saves after the first device loop that ends `checkpoint_seconds` after
@@ -43,7 +45,56 @@ class Controller(orbit.Controller):
         self._seconds = checkpoint_seconds
         self._clock = clock
         self._last_save = clock()
+        self._rate_mark: tuple[float, int] | None = None
         super().__init__(**kwargs)
+
+    def train(self, steps: int, checkpoint_at_completion: bool = True) -> None:
+        """Trains until the global step is `steps` (Orbit's `train`, one step read a loop)."""
+        self._require("trainer", for_method="train")
+        step = int(self.global_step.numpy())
+        while step < steps:
+            length = self._steps_per_loop
+            length = length(step) if callable(length) else length
+            step = self._train_n_steps(min(steps - step, length), step)
+            self._maybe_save_checkpoint()
+        if checkpoint_at_completion:
+            self._maybe_save_checkpoint(check_interval=False)
+        self._sync_on_async_checkpointing()
+
+    def _train_n_steps(self, num_steps: int, start: int | None = None) -> int:
+        """Runs one device loop, the train actions and summaries; returns the step after them.
+
+        Orbit's `_train_n_steps` without its step reads, `StepTimer` and log formatting: the
+        trainer reports the step its loop ended at (`last_step`).
+        """
+        if start is None:
+            start = int(self.global_step.numpy())
+        if self._rate_mark is None:
+            self._rate_mark = (time.perf_counter(), start)
+        record = (
+            (lambda: self.global_step % self.summary_interval == 0)
+            if self.summary_interval
+            else False
+        )
+        with self.summary_manager.summary_writer().as_default(), tf.summary.record_if(record):
+            output = self.trainer.train(tf.constant(num_steps, tf.int32)) or {}
+        end = getattr(self.trainer, "last_step", None)
+        end = int(self.global_step.numpy()) if end is None else end
+        if end != start + num_steps:
+            logging.warning(
+                "`trainer.train(%d)` did not update `global_step` by %d: %d -> %d.",
+                num_steps, num_steps, start, end,
+            )  # fmt: skip
+        for action in self.train_actions:
+            action(output)
+        now, (then, before) = time.perf_counter(), self._rate_mark
+        output["steps_per_second"] = (end - before) / (now - then) if now > then else 0.0
+        self._rate_mark = (now, end)
+        if logging.level_info():
+            logging.info("train | step: %6d | steps/sec: %6.1f", end, output["steps_per_second"])
+        self.summary_manager.write_summaries(output)
+        self.summary_manager.flush()
+        return int(self.global_step.numpy())  # after the actions (a NaN rollback moves it)
 
     def restore_checkpoint(self, checkpoint_path: str | None = None) -> str | None:
         """Restores `checkpoint_path`, or the newest readable checkpoint when None."""

@@ -62,6 +62,7 @@ class ParameterServerTrainer(TaskTrainer):
         self.coordinator.join()
         # In-graph increments count a closure re-run after a worker failure twice; this does not.
         self.global_step.assign(start + total)
+        self.last_step = start + total
         if fresh:
             keras_compat.refresh_tracking(self.optimizer)
         out = results[-1].fetch()

@@ -86,6 +86,7 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         self.record_history = record_history
         self.loop_history: tuple[int, dict] = (0, {})
         self._history_keys: list[str] = []
+        self.last_step: int | None = None  # the step the last device loop ended at
         self._sync_in_loop = True  # the loop copies `lr` into the optimizer (ParameterServer: host)
         self.nan_guard = nan_guard
         self.accumulation = gradient_accumulation_steps
@@ -133,9 +134,10 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         out = self._train_loop_fn(self._train_iter, num_steps)
         if fresh:
             keras_compat.refresh_tracking(self.optimizer)
+        self.last_step = int(out["step"])
         if "history" in out:
             rows = out.pop("history").numpy()
-            first = int(out["step"]) - len(rows) + 1
+            first = self.last_step - len(rows) + 1
             self.loop_history = (first, dict(zip(self._history_keys, rows.T, strict=True)))
         return self.train_loop_end(out)
 
