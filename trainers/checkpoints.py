@@ -1,4 +1,5 @@
-"""Restoring checkpoints safely: skip unreadable ones, explain incompatible ones, delete nothing."""
+"""Building the run's checkpoint, and restoring checkpoints safely: skip unreadable ones, explain
+incompatible ones, delete nothing."""
 
 from __future__ import annotations
 
@@ -68,3 +69,39 @@ def restore(checkpoint: tf.train.Checkpoint, path: str) -> None:
             f"checkpoint {path} does not fit this model: {text} Use a new --model_dir, or "
             "warm-start from it with init_checkpoint."
         ) from e
+
+
+def build(
+    task,
+    model_dir,
+    global_step,
+    lr,
+    optimizer,
+    model,
+    loss_fn,
+    train_iterator,
+    stateful_callbacks,
+    extra_state,
+):
+    """Returns the task's checkpoint (plus the input position, the state of stateful callbacks
+    and `extra_state`) and a manager for it. Eager, in the strategy's scope."""
+    trackables = dict(step=global_step, lr=lr, optimizer=optimizer, train_model=model)
+    trackables["train_loss"] = loss_fn
+    checkpoint, manager = task.build_checkpoint(model_dir, **trackables)
+    if isinstance(train_iterator, tf.__internal__.tracking.Trackable):  # not PS per-worker ones
+        checkpoint.train_iterator = train_iterator
+    if stateful_callbacks:
+        checkpoint.callbacks = tf.train.Checkpoint(**stateful_callbacks)
+    for name, value in extra_state.items():
+        setattr(checkpoint, name, value)
+    # Re-made without an interval: `trainers.Controller` decides when to save (at multiples of
+    # the interval), and a manager with an interval silently refuses a second save at the same
+    # step (needed after an evaluation changed checkpointed state, or on SIGTERM).
+    manager = tf.train.CheckpointManager(
+        checkpoint,
+        manager.directory,
+        max_to_keep=manager._max_to_keep,  # noqa: SLF001
+        keep_checkpoint_every_n_hours=manager._keep_checkpoint_every_n_hours,  # noqa: SLF001
+        checkpoint_name=os.path.basename(manager._checkpoint_prefix),  # noqa: SLF001
+    )
+    return checkpoint, manager

@@ -12,7 +12,7 @@ import tensorflow as tf
 from absl import logging
 
 from tasks import CallbackContext, Task, keras_compat
-from trainers import cluster, summaries, validation
+from trainers import checkpoints, cluster, settings, summaries, validation
 from trainers import inputs as inputs_lib
 from trainers.callback_runner import CallbackAction
 from trainers.controller import Controller
@@ -26,21 +26,9 @@ from trainers.ps_trainer import ParameterServerTrainer
 from trainers.strategies import build_strategy, logical_cpus
 from trainers.trainer import TaskTrainer
 
-MODES = ("train", "eval", "train_and_eval", "continuous_eval")
-
 # Orbit prints a line to stdout after every device loop; the progress display replaces it, and
 # Orbit's messages still go to the absl log.
 orbit.controller._log = logging.info  # noqa: SLF001
-
-
-def _check_positive(name: str, value: Any, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(
-            f"`{name}` must be a positive integer; received {value!r}. "
-            f"Set run_experiment.{name} in your experiment's .gin file or with --gin_params."
-        )
 
 
 @gin.configurable("run_experiment", module="orbitask")
@@ -161,53 +149,22 @@ def _setup(
     ema,
 ):
     """Validates settings and builds every object; returns `execute()` that runs the mode."""
-    for name, value in (("task", task), ("model_dir", model_dir), ("train_steps", train_steps)):
-        if value is gin.REQUIRED:
-            raise ValueError(
-                f"`{name}` is required and not set: bind it in your experiment's .gin file "
-                "(TASK, TRAIN_STEPS) or pass it to run_experiment."
-            )
-    if mode not in MODES:
-        raise ValueError(
-            f"`mode` must be one of {', '.join(MODES)}; received {mode!r}. Use --mode."
-        )
-    _check_positive("train_steps", train_steps)
-    _check_positive("global_batch_size", global_batch_size)
-    _check_positive("steps_per_loop", steps_per_loop)
-    _check_positive("eval_interval", eval_interval, allow_none=True)
-    _check_positive("eval_steps", eval_steps, allow_none=True)
-    _check_positive("checkpoint_interval", checkpoint_interval, allow_none=True)
-    _check_positive("cpu_devices", cpu_devices, allow_none=True)
-    if checkpoint_seconds is not None and (
-        isinstance(checkpoint_seconds, bool)
-        or not isinstance(checkpoint_seconds, (int, float))
-        or checkpoint_seconds <= 0
-    ):
-        raise ValueError(
-            f"`checkpoint_seconds` must be a positive number or None; received "
-            f"{checkpoint_seconds!r}. Set run_experiment.checkpoint_seconds in your .gin file."
-        )
-    if mixed_precision not in (None, "mixed_float16", "mixed_bfloat16"):
-        raise ValueError(
-            "`mixed_precision` must be None, 'mixed_float16' or 'mixed_bfloat16'; received "
-            f"{mixed_precision!r}. Set run_experiment.mixed_precision in your .gin file."
-        )
-    if mixed_precision == "mixed_float16" and type(task).train_step is not Task.train_step:
-        raise ValueError(
-            f"mixed_float16 loss scaling needs the default train_step, but "
-            f"{type(task).__name__} overrides it; scale the loss in your train_step (see "
-            "README, Mixed precision) and use mixed_bfloat16, or keep the default step."
-        )
-    _check_positive("gradient_accumulation_steps", gradient_accumulation_steps)
-    _check_positive("histogram_interval", histogram_interval, allow_none=True)
-    uses_default_step = type(task).train_step is Task.train_step
-    if gradient_accumulation_steps > 1 and not uses_default_step:
-        raise ValueError(
-            f"gradient_accumulation_steps needs the default train_step, but "
-            f"{type(task).__name__} overrides it; accumulate in your train_step instead."
-        )
-    if not isinstance(model_dir, str) or not model_dir:
-        raise ValueError(f"`model_dir` must be a non-empty path; received {model_dir!r}.")
+    settings.check(
+        task=task,
+        model_dir=model_dir,
+        mode=mode,
+        train_steps=train_steps,
+        global_batch_size=global_batch_size,
+        steps_per_loop=steps_per_loop,
+        eval_interval=eval_interval,
+        eval_steps=eval_steps,
+        checkpoint_interval=checkpoint_interval,
+        checkpoint_seconds=checkpoint_seconds,
+        cpu_devices=cpu_devices,
+        mixed_precision=mixed_precision,
+        gradient_accumulation_steps=gradient_accumulation_steps,
+        histogram_interval=histogram_interval,
+    )
     if seed is not None:
         make_deterministic(seed)
     if cpu_devices:
@@ -314,7 +271,7 @@ def _setup(
             extra_state["loss_scale"] = loss_scale.checkpoint()
         if validation_control is not None and evaluating:
             extra_state["validation_control"] = validation_control.build()
-        checkpoint, manager = _build_checkpoint(
+        checkpoint, manager = checkpoints.build(
             task,
             model_dir,
             global_step,
@@ -477,41 +434,6 @@ def _setup(
 def _trainable_variables(model: Any) -> list:
     models = model.values() if isinstance(model, dict) else [model]
     return [v for m in models for v in m.trainable_variables]
-
-
-def _build_checkpoint(
-    task,
-    model_dir,
-    global_step,
-    lr,
-    optimizer,
-    model,
-    loss_fn,
-    train_iterator,
-    stateful_callbacks,
-    extra_state,
-):
-    """The task's checkpoint plus the input position and the state of stateful callbacks."""
-    trackables = dict(step=global_step, lr=lr, optimizer=optimizer, train_model=model)
-    trackables["train_loss"] = loss_fn
-    checkpoint, manager = task.build_checkpoint(model_dir, **trackables)
-    if isinstance(train_iterator, tf.__internal__.tracking.Trackable):  # not PS per-worker ones
-        checkpoint.train_iterator = train_iterator
-    if stateful_callbacks:
-        checkpoint.callbacks = tf.train.Checkpoint(**stateful_callbacks)
-    for name, value in extra_state.items():
-        setattr(checkpoint, name, value)
-    # Re-made without an interval: `trainers.Controller` decides when to save (at multiples of
-    # the interval), and a manager with an interval silently refuses a second save at the same
-    # step (needed after an evaluation changed checkpointed state, or on SIGTERM).
-    manager = tf.train.CheckpointManager(
-        checkpoint,
-        manager.directory,
-        max_to_keep=manager._max_to_keep,  # noqa: SLF001
-        keep_checkpoint_every_n_hours=manager._keep_checkpoint_every_n_hours,  # noqa: SLF001
-        checkpoint_name=os.path.basename(manager._checkpoint_prefix),  # noqa: SLF001
-    )
-    return checkpoint, manager
 
 
 def _write_operative_config(model_dir: str) -> None:

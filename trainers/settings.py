@@ -1,0 +1,93 @@
+"""Checks of `run_experiment`'s settings before any work: one line naming the setting and fix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gin
+
+from tasks import Task
+
+MODES = ("train", "eval", "train_and_eval", "continuous_eval")
+
+
+def check_positive(name: str, value: Any, allow_none: bool = False) -> None:
+    """Raises ValueError unless `value` is a positive int (or None when allowed)."""
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"`{name}` must be a positive integer; received {value!r}. "
+            f"Set run_experiment.{name} in your experiment's .gin file or with --gin_params."
+        )
+
+
+def check(
+    *,
+    task: Any,
+    model_dir: Any,
+    mode: str,
+    train_steps: Any,
+    global_batch_size: Any,
+    steps_per_loop: Any,
+    eval_interval: Any,
+    eval_steps: Any,
+    checkpoint_interval: Any,
+    checkpoint_seconds: Any,
+    cpu_devices: Any,
+    mixed_precision: Any,
+    gradient_accumulation_steps: Any,
+    histogram_interval: Any,
+) -> None:
+    """Checks `run_experiment`'s settings that need no TensorFlow objects. Eager; returns None.
+
+    Raises:
+      ValueError: naming the first bad setting and where to fix it.
+    """
+    for name, value in (("task", task), ("model_dir", model_dir), ("train_steps", train_steps)):
+        if value is gin.REQUIRED:
+            raise ValueError(
+                f"`{name}` is required and not set: bind it in your experiment's .gin file "
+                "(TASK, TRAIN_STEPS) or pass it to run_experiment."
+            )
+    if mode not in MODES:
+        raise ValueError(
+            f"`mode` must be one of {', '.join(MODES)}; received {mode!r}. Use --mode."
+        )
+    check_positive("train_steps", train_steps)
+    check_positive("global_batch_size", global_batch_size)
+    check_positive("steps_per_loop", steps_per_loop)
+    check_positive("eval_interval", eval_interval, allow_none=True)
+    check_positive("eval_steps", eval_steps, allow_none=True)
+    check_positive("checkpoint_interval", checkpoint_interval, allow_none=True)
+    check_positive("cpu_devices", cpu_devices, allow_none=True)
+    if checkpoint_seconds is not None and (
+        isinstance(checkpoint_seconds, bool)
+        or not isinstance(checkpoint_seconds, (int, float))
+        or checkpoint_seconds <= 0
+    ):
+        raise ValueError(
+            f"`checkpoint_seconds` must be a positive number or None; received "
+            f"{checkpoint_seconds!r}. Set run_experiment.checkpoint_seconds in your .gin file."
+        )
+    if mixed_precision not in (None, "mixed_float16", "mixed_bfloat16"):
+        raise ValueError(
+            "`mixed_precision` must be None, 'mixed_float16' or 'mixed_bfloat16'; received "
+            f"{mixed_precision!r}. Set run_experiment.mixed_precision in your .gin file."
+        )
+    if mixed_precision == "mixed_float16" and type(task).train_step is not Task.train_step:
+        raise ValueError(
+            f"mixed_float16 loss scaling needs the default train_step, but "
+            f"{type(task).__name__} overrides it; scale the loss in your train_step (see "
+            "README, Mixed precision) and use mixed_bfloat16, or keep the default step."
+        )
+    check_positive("gradient_accumulation_steps", gradient_accumulation_steps)
+    check_positive("histogram_interval", histogram_interval, allow_none=True)
+    uses_default_step = type(task).train_step is Task.train_step
+    if gradient_accumulation_steps > 1 and not uses_default_step:
+        raise ValueError(
+            f"gradient_accumulation_steps needs the default train_step, but "
+            f"{type(task).__name__} overrides it; accumulate in your train_step instead."
+        )
+    if not isinstance(model_dir, str) or not model_dir:
+        raise ValueError(f"`model_dir` must be a non-empty path; received {model_dir!r}.")
