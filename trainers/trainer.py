@@ -256,14 +256,16 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         self.global_step.assign_add(1)
         return logs
 
+    def _step_arguments(self, batch) -> tuple[tuple, dict]:
+        """The arguments `train_step` and `compute_update` share (traced)."""
+        args = (batch, self.model, self.optimizer, self.train_metrics)
+        return args, {"loss_fn": self.loss_fn, "lr": self.lr}
+
     def _compute_update(self, batch):
+        args, kwargs = self._step_arguments(batch)
         return self.task.compute_update(
-            batch,
-            self.model,
-            self.optimizer,
-            self.train_metrics,
-            loss_fn=self.loss_fn,
-            lr=self.lr,
+            *args,
+            **kwargs,
             global_batch_size=self.global_batch_size * self.accumulation,
             micro_batches=self.accumulation,
             loss_scale=None if self.loss_scale is None else self.loss_scale.scale,
@@ -323,15 +325,8 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         return self._finish_step(logs, extra)
 
     def _replica_train_step(self, batch):
-        return self.task.train_step(
-            batch,
-            self.model,
-            self.optimizer,
-            self.train_metrics,
-            loss_fn=self.loss_fn,
-            lr=self.lr,
-            global_batch_size=self.global_batch_size,
-        )
+        args, kwargs = self._step_arguments(batch)
+        return self.task.train_step(*args, **kwargs, global_batch_size=self.global_batch_size)
 
     def _next_replica_batches(self, iterator):
         """Takes the elements of one step from the plain iterator and hands them to replicas.
