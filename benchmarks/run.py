@@ -1,6 +1,6 @@
 """Throughput benchmark: orbitask against a hand-written loop and Keras `fit`, same everything.
 
-    .venv/bin/python benchmarks/run.py            # the full table (5 rounds, ~4 min, 2 quiet cores)
+    .venv/bin/python benchmarks/run.py            # the full table (9 rounds, ~6 min, 2 quiet cores)
     .venv/bin/python benchmarks/run.py --quick    # fewer contenders, 3 rounds (~1 min)
     .venv/bin/python benchmarks/run.py --tiny     # 1 round of 20 steps: proves the harness works
 
@@ -31,7 +31,7 @@ SINGLE = list(worker.CONTENDERS)
 PLANS = {
     # name: (rounds, steps_per_call, groups)
     "full": (
-        5,
+        9,
         100,
         [
             Group("mlp", 1, SINGLE),

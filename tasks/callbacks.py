@@ -114,22 +114,35 @@ _SCALAR_WRITERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def write_scalars(writer: Any, tag: str, steps: Sequence[int], values: Sequence[float]) -> None:
     """Writes `values[i]` at `steps[i]` as scalar summaries `tag` into `writer`. Eager.
 
-    One traced call for all points (~40 us a point; an eager `tf.summary.scalar` costs ~200 us).
-    Returns None.
+    One traced call for all points (~35 us a point; an eager `tf.summary.scalar` costs ~200 us),
+    traced once per writer: the tag, its metadata and the number of points are inputs. Zero
+    points write nothing, which makes a call with none a warm-up. Returns None.
     """
     fn = _SCALAR_WRITERS.get(writer)
     if fn is None:
 
-        @tf.function
-        def fn(tag, steps, values):
+        @tf.function(
+            input_signature=[
+                tf.TensorSpec([], tf.string),
+                tf.TensorSpec([None], tf.int64),
+                tf.TensorSpec([None], tf.float32),
+                tf.TensorSpec([], tf.string),
+            ]
+        )
+        def fn(tag, steps, values, metadata):
             # `tf.summary.write`, not `scalar`: the loop's name scope would prefix the tag.
-            metadata = scalar_metadata.create_summary_metadata(display_name=tag, description="")
             with writer.as_default(), tf.summary.record_if(True):
                 for i in tf.range(tf.size(steps)):
                     tf.summary.write(tag, values[i], step=steps[i], metadata=metadata)
 
         _SCALAR_WRITERS[writer] = fn
-    fn(tag, tf.constant(steps, tf.int64), tf.constant(values, tf.float32))
+    metadata = scalar_metadata.create_summary_metadata(display_name=tag, description="")
+    fn(
+        tf.constant(tag),
+        tf.constant(steps, tf.int64, shape=[len(steps)]),
+        tf.constant(values, tf.float32, shape=[len(values)]),
+        tf.constant(metadata.SerializeToString()),
+    )
 
 
 def print_step(task: Any, ctx: CallbackContext) -> None:

@@ -66,6 +66,8 @@ class LoopSummaryManager(orbit.utils.SummaryManager):
         self._pending: dict[str, list[tuple[int, float]]] = {}
         self._written_block = None
         self._unflushed = False
+        if self._enabled:  # trace the writer now, in setup, not in the first loop's host work
+            callbacks.write_scalars(self.summary_writer(), "", (), ())
 
     def write_summaries(self, summary_dict) -> None:
         """Keeps the scalars of `summary_dict` (eager); writes due ones. Returns None."""
