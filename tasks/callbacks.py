@@ -93,7 +93,8 @@ def print_loss(task: Any, ctx: CallbackContext) -> None:
 
 
 def _print_losses(task: Any, contexts: Sequence[CallbackContext]) -> None:
-    """`print_loss` for all the steps of one device loop: one write, one summary call."""
+    """`print_loss` for all the steps of one device loop: one write to stdout; the summary
+    points join the writer's kept scalars (`keep_scalars`), written with the loop outputs."""
     del task
     points = [(c.step, c.loss) for c in contexts if c.loss is not None]
     if not points:
@@ -102,13 +103,34 @@ def _print_losses(task: Any, contexts: Sequence[CallbackContext]) -> None:
     sys.stdout.flush()
     writer = contexts[0].summary_writer
     if writer is not None and tf.summary.should_record_summaries():
-        steps, losses = zip(*points, strict=True)
-        write_scalars(writer, "loss", steps, losses)
+        keep_scalars(writer, "loss", points)
 
 
 deferred(print_loss, batch=_print_losses)
 
 _SCALAR_WRITERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # writer -> {tag: [(step, v)]}
+
+
+def keep_scalars(writer: Any, tag: str, points: Sequence[tuple[int, float]]) -> None:
+    """Keeps scalar points `(step, value)` of `tag` for `writer` until `write_kept_scalars`.
+
+    Eager; returns None. Writing costs ~2 ms a call on a busy host however few the points, so
+    the trainer's summaries and `print_loss` keep theirs and write them every few loops.
+    """
+    _KEPT.setdefault(writer, {}).setdefault(tag, []).extend(points)
+
+
+def write_kept_scalars(writer: Any) -> bool:
+    """Writes every point kept for `writer`, one traced call per tag. Eager.
+
+    Returns whether anything was written.
+    """
+    kept = _KEPT.pop(writer, {})
+    for tag, points in sorted(kept.items()):
+        steps, values = zip(*points, strict=True)
+        write_scalars(writer, tag, steps, values)
+    return bool(kept)
 
 
 def write_scalars(writer: Any, tag: str, steps: Sequence[int], values: Sequence[float]) -> None:

@@ -50,10 +50,11 @@ class LoopSummaryManager(orbit.utils.SummaryManager):
     The Controller hands it every loop's output and flushes after every loop. Each eager
     scalar costs ~0.5 ms on 2 busy cores, so writing 4-5 of them after every 100-step loop cost
     the MLP benchmark ~5% (benchmarks/RESULTS.md). Scalars are kept on the host, one point per
-    loop at the loop's last step, and written with one traced call per tag whenever a loop
-    reaches a new multiple of `interval`, `max_seconds` after the last write, and after the
-    first loop; `write_pending` writes the rest (the runner calls it at the end). Other values
-    (images, nested dicts) are written at once, as Orbit does.
+    loop at the loop's last step (`tasks.callbacks.keep_scalars`, where `print_loss` keeps its
+    points too), and written with one traced call per tag whenever a loop reaches a new
+    multiple of `interval`, `max_seconds` after the last write, and after the first loop;
+    `write_pending` writes the rest (the runner calls it at the end). Other values (images,
+    nested dicts) are written at once, as Orbit does.
     """
 
     def __init__(
@@ -63,7 +64,6 @@ class LoopSummaryManager(orbit.utils.SummaryManager):
         self.interval = interval
         self.max_seconds = max_seconds
         self._last_write = time.monotonic()
-        self._pending: dict[str, list[tuple[int, float]]] = {}
         self._written_block = None
         self._unflushed = False
         if self._enabled:  # trace the writer now, in setup, not in the first loop's host work
@@ -74,12 +74,13 @@ class LoopSummaryManager(orbit.utils.SummaryManager):
         if not self._enabled:
             return
         step = int(self._global_step.numpy())
+        writer = self.summary_writer()
         others = {}
         for name, value in summary_dict.items():
             if isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(
                 value, bool
             ):
-                self._pending.setdefault(name, []).append((step, float(value)))
+                callbacks.keep_scalars(writer, name, [(step, float(value))])
             else:
                 others[name] = value
         if others:
@@ -92,14 +93,10 @@ class LoopSummaryManager(orbit.utils.SummaryManager):
 
     def write_pending(self) -> None:
         """Writes every kept scalar point now (eager). Returns None."""
-        if not self._enabled or not self._pending:
+        if not self._enabled:
             return
-        writer = self.summary_writer()
-        for name, points in sorted(self._pending.items()):
-            steps, values = zip(*points, strict=True)
-            callbacks.write_scalars(writer, name, steps, values)
-        self._pending = {}
-        self._unflushed = True
+        if callbacks.write_kept_scalars(self.summary_writer()):
+            self._unflushed = True
         self._last_write = time.monotonic()
 
     def flush(self) -> None:
