@@ -103,7 +103,7 @@ class CallbackAction:
                     fn.run_batch(self.task, [*batches.pop(fn), ctx])
                 else:
                     fn(self.task, ctx)
-        self.summary_writer.flush()
+        # (Leaving `as_default` flushed the writer.)
 
     def _earlier_steps(self, step: int) -> list[tuple[int, dict]]:
         """`(step, logs)` of the loop's steps before `step` where a deferred callback is due."""
