@@ -115,18 +115,21 @@ _KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # writer -> {tag
 def keep_scalars(writer: Any, tag: str, points: Sequence[tuple[int, float]]) -> None:
     """Keeps scalar points `(step, value)` of `tag` for `writer` until `write_kept_scalars`.
 
-    Eager; returns None. Writing costs ~2 ms a call on a busy host however few the points, so
-    the trainer's summaries and `print_loss` keep theirs and write them every few loops.
+    Eager; returns None. A traced write costs far more per call than per point, so the
+    trainer's summaries and `print_loss` keep their points and write them every few loops.
     """
     _KEPT.setdefault(writer, {}).setdefault(tag, []).extend(points)
 
 
-def write_kept_scalars(writer: Any) -> bool:
-    """Writes every point kept for `writer`, one traced call per tag. Eager.
+def write_kept_scalars(writer: Any, write: bool = True) -> bool:
+    """Writes every point kept for `writer`, one traced call per tag (or, with `write=False`,
+    drops them: a worker that keeps no summaries). Eager.
 
     Returns whether anything was written.
     """
     kept = _KEPT.pop(writer, {})
+    if not write:
+        return False
     for tag, points in sorted(kept.items()):
         steps, values = zip(*points, strict=True)
         write_scalars(writer, tag, steps, values)

@@ -4,11 +4,13 @@ import glob
 import os
 
 import pytest
+import tensorflow as tf
 
-from tasks import deferred
+from tasks import callbacks, deferred
 from tests.helpers import Recorder, TinyTask
 from trainers import TaskTrainer, run_experiment
 from trainers.report import read_events
+from trainers.summaries import LoopSummaryManager
 
 
 class Both(TinyTask):
@@ -101,3 +103,13 @@ def test_every_loops_train_scalars_reach_tensorboard_though_written_in_batches(t
     for tag in ("grad_norm", "learning_rate", "steps_per_second"):
         assert sorted(by_tag[tag]) == list(range(10, 131, 10)), tag
     assert by_tag["learning_rate"][130] == pytest.approx(1e-3)
+
+
+def test_a_worker_without_summaries_keeps_no_points():
+    # A non-chief worker's manager has no directory; print_loss still keeps points for its
+    # (no-op) writer, and they must be dropped each loop, not pile up for the whole run.
+    manager = LoopSummaryManager(None, None, tf.Variable(0, dtype=tf.int64), interval=1000)
+    writer = manager.summary_writer()
+    callbacks.keep_scalars(writer, "loss", [(10, 1.0), (20, 0.5)])
+    manager.write_summaries({"loss": 0.5})
+    assert callbacks.write_kept_scalars(writer) is False

@@ -18,8 +18,9 @@ saved, so a resumed PS job restarts its input from the beginning (weights, optim
 are restored).
 
 The train iterator is saved explicitly, buffers included; tf.data's symbolic checkpointing
-(which leaves the prefetch buffer out) made the digits pipeline 5x slower (0.2 -> 1.1 ms a
-batch), so it is not used: prefetch a fixed number of batches (README, Performance).
+(which leaves the prefetch buffer out) made iterating the pipeline several times slower
+(benchmarks/RESULTS.md), so it is not used: prefetch a fixed number of batches (README,
+Performance).
 """
 
 from __future__ import annotations

@@ -47,14 +47,14 @@ def histograms(task: Any, ctx: Any) -> None:
 class LoopSummaryManager(orbit.utils.SummaryManager):
     """The train `SummaryManager`: keeps each device loop's scalars, writes them in batches.
 
-    The Controller hands it every loop's output and flushes after every loop. Each eager
-    scalar costs ~0.5 ms on 2 busy cores, so writing 4-5 of them after every 100-step loop cost
-    the MLP benchmark ~5% (benchmarks/RESULTS.md). Scalars are kept on the host, one point per
-    loop at the loop's last step (`tasks.callbacks.keep_scalars`, where `print_loss` keeps its
-    points too), and written with one traced call per tag whenever a loop reaches a new
-    multiple of `interval`, `max_seconds` after the last write, and after the first loop;
-    `write_pending` writes the rest (the runner calls it at the end). Other values (images,
-    nested dicts) are written at once, as Orbit does.
+    The Controller hands it every loop's output and flushes after every loop. Writing 4-5 eager
+    scalars after every 100-step loop cost the MLP benchmark ~5% (benchmarks/RESULTS.md).
+    Scalars are kept on the host, one point per loop at the loop's last step
+    (`tasks.callbacks.keep_scalars`, where `print_loss` keeps its points too), and written with
+    one traced call per tag whenever a loop reaches a new multiple of `interval`,
+    `max_seconds` after the last write, and after the first loop; `write_pending` writes the
+    rest (the runner calls it at the end). Other values (images, nested dicts) are written at
+    once, as Orbit does.
     """
 
     def __init__(
@@ -72,6 +72,8 @@ class LoopSummaryManager(orbit.utils.SummaryManager):
     def write_summaries(self, summary_dict) -> None:
         """Keeps the scalars of `summary_dict` (eager); writes due ones. Returns None."""
         if not self._enabled:
+            # No summaries here (a non-chief worker): drop what callbacks kept for the writer.
+            callbacks.write_kept_scalars(self.summary_writer(), write=False)
             return
         step = int(self._global_step.numpy())
         writer = self.summary_writer()
