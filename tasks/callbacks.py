@@ -67,8 +67,9 @@ def deferred(fn: Callback, batch: Callable | None = None) -> Callback:
     is due): it runs after the loop, once per step it was due at, with that step's scalar logs.
     Metrics (`logs` entries computed from Keras metrics) are only there for the loop's last
     step. `batch(task, contexts)`, if given, replaces the per-step calls of one loop (e.g. to
-    write all their summaries at once). Not for callbacks that change the model, optimizer or
-    learning rate: those must run at their exact step.
+    write all their summaries at once); it may run without a default summary writer, so it
+    writes through `contexts[i].summary_writer` (e.g. with `keep_scalars`). Not for callbacks
+    that change the model, optimizer or learning rate: those must run at their exact step.
     """
     fn.deferred = True
     fn.run_batch = batch
@@ -101,8 +102,8 @@ def _print_losses(task: Any, contexts: Sequence[CallbackContext]) -> None:
         return
     sys.stdout.write("".join(f"step {step}: loss {loss:.6g}\n" for step, loss in points))
     sys.stdout.flush()
-    writer = contexts[0].summary_writer
-    if writer is not None and tf.summary.should_record_summaries():
+    writer = contexts[0].summary_writer  # (a worker without summaries drops what it keeps)
+    if writer is not None:
         keep_scalars(writer, "loss", points)
 
 

@@ -63,14 +63,16 @@ class NanGuard:
         """
         return self.streak >= self.patience
 
-    def after_loop(self, checkpoint, manager, strategy, global_step) -> None:
-        """Eager, after each device loop and before any save: rolls back or stops; returns None.
+    def after_loop(self, checkpoint, manager, strategy, global_step) -> bool:
+        """Eager, after each device loop and before any save: rolls back or stops.
+
+        Returns whether it rolled back (the global step moved).
 
         Raises:
           NonFiniteLossError: when the rollbacks are used up or there is no checkpoint.
         """
         if int(self.streak.numpy()) < self.patience:
-            return
+            return False
         step = int(global_step.numpy())
         if self.rollbacks >= self.max_rollbacks:
             raise NonFiniteLossError(
@@ -95,3 +97,4 @@ class NanGuard:
             path,
         )
         print(f"orbitask: non-finite loss up to step {step}; rolled back to {path}", flush=True)
+        return True

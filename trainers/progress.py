@@ -31,6 +31,8 @@ class ProgressAction:
       stream: where to write (stdout by default).
       interval_s: minimum seconds between lines when `stream` is not a terminal.
       clock: a `time.monotonic`-like function (injectable for tests).
+      current_step: `current_step() -> int` after a loop (saves a read of `global_step`, an
+        eager op); None reads the variable.
     """
 
     def __init__(
@@ -40,8 +42,10 @@ class ProgressAction:
         stream: TextIO | None = None,
         interval_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
+        current_step: Callable[[], int] | None = None,
     ):
         self.global_step = global_step
+        self.current_step = current_step or (lambda: int(global_step.numpy()))
         self.total_steps = total_steps
         self.stream = stream or sys.stdout
         self.interval_s = interval_s
@@ -77,23 +81,26 @@ class ProgressAction:
 
     def __call__(self, train_output: dict) -> None:
         """Shows the line after a device loop (an Orbit train action, eager); returns None."""
-        step = int(self.global_step.numpy())
+        step = self.current_step()
         now = self.clock()
-        text = self.line(step, train_output)
         self._loops += 1
+        last = step >= self.total_steps
+        # A log stream between its lines formats nothing (this runs after every device loop).
+        quiet = not (self.tty or last or self._last_print is None)
+        quiet = quiet and now - self._last_print < self.interval_s
+        text = None if quiet else self.line(step, train_output)
         if self._loops == 1:
             self._start = (now, step)  # later rates exclude the first loop, which traced the step
-        last = step >= self.total_steps
+        if quiet:
+            return
         if self.tty:
             self.stream.write("\r" + text.ljust(79) + ("\n" if last else ""))
             self.shown = not last
             if last and isinstance(sys.stdout, EraseLine) and sys.stdout.progress is self:
                 sys.stdout = self.stream
-        elif last or self._last_print is None or now - self._last_print >= self.interval_s:
+        else:
             self.stream.write(text + "\n")
             self._last_print = now
-        else:
-            return
         self.stream.flush()
 
 

@@ -320,6 +320,11 @@ def _setup(
     )
     if record_history:
         callbacks.history = lambda: trainer.loop_history
+
+    def step_now() -> int:  # after a device loop: its end step, without reading the variable
+        return int(global_step.numpy()) if trainer.last_step is None else trainer.last_step
+
+    callbacks.current_step = step_now
     if chief:
         _write_operative_config(model_dir)
 
@@ -328,20 +333,27 @@ def _setup(
         summaries.write,
         global_step,
         interval=10 * steps_per_loop,
+        current_step=step_now,
     )
     eval_summaries = orbit.utils.SummaryManager(
         os.path.join(model_dir, "eval") if chief else None, summaries.write, global_step
     )
     callbacks.summary_writer = train_summaries.summary_writer()
-    progress_action = ProgressAction(global_step, train_steps) if progress and chief else None
+    progress_action = (
+        ProgressAction(global_step, train_steps, current_step=step_now)
+        if progress and chief
+        else None
+    )
     train_actions = [callbacks, lambda out: results.__setitem__("train", dict(out))]
     if progress_action:
         train_actions.append(progress_action)
     if nan_guard is not None and training:
         # Last, and before the Controller's save: a rollback must precede any checkpoint.
-        train_actions.append(
-            lambda out: nan_guard.after_loop(checkpoint, manager, strategy, global_step)
-        )
+        def roll_back_if_due(out):
+            if nan_guard.after_loop(checkpoint, manager, strategy, global_step):
+                trainer.last_step = int(global_step.numpy())
+
+        train_actions.append(roll_back_if_due)
     preemption = PreemptionWatcher(manager, global_step)
     train_actions.append(preemption)  # last: saves the state every other action left
 

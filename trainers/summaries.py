@@ -53,14 +53,22 @@ class LoopSummaryManager(orbit.utils.SummaryManager):
     (`tasks.callbacks.keep_scalars`, where `print_loss` keeps its points too), and written with
     one traced call per tag whenever a loop reaches a new multiple of `interval`,
     `max_seconds` after the last write, and after the first loop; `write_pending` writes the
-    rest (the runner calls it at the end). Other values (images, nested dicts) are written at
-    once, as Orbit does.
+    rest (the runner calls it at the end). `current_step() -> int` gives the step after a loop
+    without reading `global_step` (an eager op); None reads it. Other values (images, nested
+    dicts) are written at once, as Orbit does.
     """
 
     def __init__(
-        self, summary_dir, summary_fn, global_step, interval: int, max_seconds: float = 30.0
+        self,
+        summary_dir,
+        summary_fn,
+        global_step,
+        interval: int,
+        max_seconds: float = 30.0,
+        current_step=None,
     ):
         super().__init__(summary_dir, summary_fn, global_step)
+        self.current_step = current_step or (lambda: int(global_step.numpy()))
         self.interval = interval
         self.max_seconds = max_seconds
         self._last_write = time.monotonic()
@@ -75,7 +83,7 @@ class LoopSummaryManager(orbit.utils.SummaryManager):
             # No summaries here (a non-chief worker): drop what callbacks kept for the writer.
             callbacks.write_kept_scalars(self.summary_writer(), write=False)
             return
-        step = int(self._global_step.numpy())
+        step = self.current_step()
         writer = self.summary_writer()
         others = {}
         for name, value in summary_dict.items():

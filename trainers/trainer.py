@@ -84,9 +84,10 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
     ):
         self.task = task
         self.record_history = record_history
-        self.loop_history: tuple[int, dict] = (0, {})
+        # Per-loop host state lives in a plain object: an attribute set on this tf.Module is
+        # tracked (a dict or tuple is wrapped), which cost ~0.25 ms after every device loop.
+        self._loop = _LoopRecord()
         self._history_keys: list[str] = []
-        self.last_step: int | None = None  # the step the last device loop ended at
         self._sync_in_loop = True  # the loop copies `lr` into the optimizer (ParameterServer: host)
         self.nan_guard = nan_guard
         self.accumulation = gradient_accumulation_steps
@@ -134,12 +135,28 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         out = self._train_loop_fn(self._train_iter, num_steps)
         if fresh:
             keras_compat.refresh_tracking(self.optimizer)
-        self.last_step = int(out["step"])
+        loop = self._loop
+        loop.last_step = int(out["step"])
         if "history" in out:
             rows = out.pop("history").numpy()
-            first = self.last_step - len(rows) + 1
-            self.loop_history = (first, dict(zip(self._history_keys, rows.T, strict=True)))
+            first = loop.last_step - len(rows) + 1
+            loop.history = (first, dict(zip(self._history_keys, rows.T, strict=True)))
         return self.train_loop_end(out)
+
+    @property
+    def last_step(self) -> int | None:
+        """The global step the last device loop ended at (None before the first); a NaN
+        rollback sets it. Host state: reading it costs no op."""
+        return self._loop.last_step
+
+    @last_step.setter
+    def last_step(self, step: int) -> None:
+        self._loop.last_step = step
+
+    @property
+    def loop_history(self) -> tuple[int, dict]:
+        """`(first_step, {name: per-step values})` of the last device loop, when recorded."""
+        return self._loop.history
 
     def _history_row(self, logs: dict) -> tf.Tensor:
         """The step's scalar logs as one float32 vector (traced); names in `_history_keys`."""
@@ -400,6 +417,14 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         for metric in self.eval_metrics:
             logs[metric.name] = _to_python(metric.result())
         return logs
+
+
+class _LoopRecord:
+    """What the host knows about the last device loop (see `TaskTrainer.last_step`)."""
+
+    def __init__(self):
+        self.last_step: int | None = None
+        self.history: tuple[int, dict] = (0, {})
 
 
 def _trainable_signature(model: Any) -> tuple:
