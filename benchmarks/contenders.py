@@ -8,9 +8,9 @@ window's time never includes another process's work. Each returns a dict of extr
 
 - `reference`: a hand-written `tf.function` running `steps_per_call` steps of `strategy.run` in a
   `tf.while_loop` (`for _ in tf.range(n)`), the update written out as orbitask's default step
-  computes it (all-reduced gradient, NaN -> 0, global-norm clip, Nadam); it returns the last
-  step's loss. One replica reads a plain `tf.data` iterator; several read
-  `distribute_datasets_from_function`.
+  computes it (all-reduced gradient, NaN -> 0 when the global norm is NaN, global-norm clip,
+  Nadam); it returns the last step's loss. One replica reads a plain `tf.data` iterator;
+  several read `distribute_datasets_from_function`.
 - `orbitask`: `run_experiment` with `configs/defaults.gin` (mode "train"); only the task, the
   global batch and, for several replicas, `strategy = 'mirrored'` are bound. Options turn the
   default callbacks and progress display off, periodic checkpoints off, or XLA on.
@@ -72,8 +72,15 @@ def run_reference(
         context = tf.distribute.get_replica_context()
         if replicas > 1:
             grads = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
-        grads = [tf.where(tf.math.is_nan(g), tf.zeros_like(g), g) for g in grads]
-        grads, _ = tf.clip_by_global_norm(grads, workloads.CLIP_NORM)
+        # NaN -> 0, written as orbitask's default does it: only when the norm says there is one.
+        norm = tf.linalg.global_norm(grads)
+
+        def zero_nans():
+            fixed = [tf.where(tf.math.is_nan(g), tf.zeros_like(g), g) for g in grads]
+            return fixed, tf.linalg.global_norm(fixed)
+
+        grads, norm = tf.cond(tf.math.is_nan(norm), zero_nans, lambda: (grads, norm))
+        grads, _ = tf.clip_by_global_norm(grads, workloads.CLIP_NORM, use_norm=norm)
         if replicas > 1:  # Keras 3 optimizers sum over replicas once more.
             grads = [g / replicas for g in grads]
         optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))

@@ -25,6 +25,37 @@ def test_update_pre_zeroes_nan_then_clips_global_norm_at_10():
     assert tf.linalg.global_norm(update[:2]).numpy() == pytest.approx(10.0)
 
 
+def test_update_pre_traced_zeroes_nan_only_when_present_sparse_gradients_too():
+    """In a tf.function (where the NaN fix runs only when the global norm is NaN), with a
+    sparse (IndexedSlices) embedding gradient next to a dense one."""
+    task = Task()
+    table, weight = tf.Variable(tf.ones([5, 3])), tf.Variable(tf.fill([3], 2.0))
+
+    @tf.function
+    def update_pre(poison):
+        with tf.GradientTape() as tape:
+            rows = tf.gather(table, [1, 3])
+            loss = 3.0 * (tf.reduce_sum(rows * weight) + tf.reduce_sum(weight))
+            loss += tf.where(poison, np.nan, 0.0) * rows[0, 0]  # NaN reaches table's row 1 only
+        grads = tape.gradient(loss, [table, weight])
+        assert isinstance(grads[0], tf.IndexedSlices)
+        update, display = task.update_pre(grads, loss, None, None, None, None, None, None)
+        return [tf.convert_to_tensor(g) for g in update + display]
+
+    clean = [g.numpy() for g in update_pre(tf.constant(False))]
+    np.testing.assert_allclose(clean[2][[1, 3]], 6.0)  # display: d loss / d rows = 3 weight
+    np.testing.assert_allclose(clean[3], [9.0, 9.0, 9.0])  # 3 (two rows of ones, plus 1)
+    scale = 10.0 / np.sqrt(6 * 36.0 + 3 * 81.0)  # global norm ~21.4 > 10: clipped
+    np.testing.assert_allclose(clean[0], clean[2] * scale, rtol=1e-6)
+    np.testing.assert_allclose(clean[1], clean[3] * scale, rtol=1e-6)
+    poisoned = [g.numpy() for g in update_pre(tf.constant(True))]
+    assert not any(np.isnan(g).any() for g in poisoned)
+    np.testing.assert_allclose(poisoned[2][1], [0.0, 6.0, 6.0])  # the NaN entry set to 0
+    np.testing.assert_allclose(poisoned[3], clean[3])
+    scale = 10.0 / np.sqrt(5 * 36.0 + 3 * 81.0)  # the norm of what is left
+    np.testing.assert_allclose(poisoned[0], poisoned[2] * scale, rtol=1e-6)
+
+
 def test_update_pre_leaves_small_gradients_alone():
     update, _ = Task().update_pre([tf.constant([3.0, 4.0])], *[None] * 7)
     np.testing.assert_array_equal(update[0], [3.0, 4.0])
