@@ -169,7 +169,8 @@ class Task:
         """Returns `(update_gradients, display_gradients)`: NaN -> 0, then global-norm clip.
 
         Traced by tf.function, per replica. Receives the gradient already summed over replicas,
-        so clipping sees the global norm.
+        so clipping sees the global norm. The display list is a `Gradients` carrying its global
+        norm, which the `grad_norm` log reuses (an override may return plain lists).
         """
         del loss, outputs, batch, model, loss_fn, lr, optimizer
         present = [g for g in gradients if g is not None]
@@ -184,7 +185,8 @@ class Task:
             lambda: (present, norm),
         )
         it = iter(present)
-        non_nan = [None if g is None else next(it) for g in gradients]
+        non_nan = Gradients(None if g is None else next(it) for g in gradients)
+        non_nan.global_norm = norm  # `grad_norm`, without computing it again
         if self.clip_norm is None:
             return non_nan, non_nan
         clipped, _ = tf.clip_by_global_norm(present, self.clip_norm, use_norm=norm)
@@ -295,10 +297,9 @@ class Task:
         update, display = self.update_pre(
             gradients, aux["loss"], aux["outputs"], part, model, loss_fn, lr, optimizer
         )
-        present = [g for g in display if g is not None]
         logs = {
             "loss": scaled_sum * float(replicas),
-            "grad_norm": tf.linalg.global_norm(present) if present else tf.constant(0.0),
+            "grad_norm": _global_norm(display),
         }
         if finite is not None:
             logs["nonfinite_gradients"] = 1.0 - tf.cast(finite, tf.float32)
@@ -407,6 +408,24 @@ class Task:
     def at_step(self) -> dict[int, Any]:
         """Returns `{N: callback or [callbacks]}` run once, after step N. Eager; default `{}`."""
         return {}
+
+
+class Gradients(list):
+    """A list of gradients that may know its global norm (`global_norm`, a tensor, or None).
+
+    The default `update_pre` returns its display gradients as one, so the `grad_norm` log
+    reuses the norm it clipped with.
+    """
+
+    global_norm = None
+
+
+def _global_norm(gradients: list) -> tf.Tensor:
+    norm = getattr(gradients, "global_norm", None)
+    if norm is not None:
+        return norm
+    present = [g for g in gradients if g is not None]
+    return tf.linalg.global_norm(present) if present else tf.constant(0.0)
 
 
 def _zero_nans(gradients: list) -> tuple[list, tf.Tensor]:
