@@ -145,8 +145,8 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
 
     @property
     def last_step(self) -> int | None:
-        """The global step the last device loop ended at (None before the first); a NaN
-        rollback sets it. Host state: reading it costs no op."""
+        """Returns the global step the last device loop ended at (None before the first). Eager
+        host state, set after each loop and by a NaN rollback: reading it runs no op."""
         return self._loop.last_step
 
     @last_step.setter
@@ -155,7 +155,8 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
 
     @property
     def loop_history(self) -> tuple[int, dict]:
-        """`(first_step, {name: per-step values})` of the last device loop, when recorded."""
+        """Returns `(first_step, {name: per-step values})` of the last device loop, when
+        recorded (`record_history`). Eager host state (numpy arrays)."""
         return self._loop.history
 
     def _history_row(self, logs: dict) -> tf.Tensor:
