@@ -267,7 +267,7 @@ class Task:
         """
         replicas = tf.distribute.get_replica_context().num_replicas_in_sync
         parts = batch if micro_batches > 1 else (batch,)
-        total, scaled_sum = None, 0.0
+        total, scaled_sum = None, None
         for part in parts:  # unrolled: K is small, and each micro-batch is its own graph
             gradients, trainable_vars, aux = self.compute_gradients(
                 part,
@@ -279,7 +279,8 @@ class Task:
                 micro_batches=micro_batches,
                 loss_scale=loss_scale,
             )
-            scaled_sum += aux["scaled_loss"]
+            scaled = aux["scaled_loss"]
+            scaled_sum = scaled if scaled_sum is None else scaled_sum + scaled
             total = (
                 gradients
                 if total is None
@@ -298,7 +299,7 @@ class Task:
             gradients, aux["loss"], aux["outputs"], part, model, loss_fn, lr, optimizer
         )
         logs = {
-            "loss": scaled_sum * float(replicas),
+            "loss": scaled_sum * float(replicas) if replicas > 1 else scaled_sum,
             "grad_norm": _global_norm(display),
         }
         if finite is not None:
@@ -337,9 +338,9 @@ class Task:
             loss_per_batch, extra_loss, trainable_vars = self.grad_pre(
                 loss, outputs, batch, model, loss_fn, lr
             )
-            scaled = tf.cast(loss_per_batch, tf.float32) / float(global_batch_size) + tf.cast(
-                extra_loss, tf.float32
-            ) / float(replicas * micro_batches)
+            scaled = tf.cast(loss_per_batch, tf.float32) / float(global_batch_size)
+            if not _is_python_zero(extra_loss):  # (no op for an absent regularisation loss)
+                scaled += tf.cast(extra_loss, tf.float32) / float(replicas * micro_batches)
             # mixed_float16: differentiate the scaled-up loss so float16 gradients don't underflow
             target = scaled if loss_scale is None else scaled * loss_scale
         gradients = tape.gradient(target, trainable_vars)
@@ -408,6 +409,10 @@ class Task:
     def at_step(self) -> dict[int, Any]:
         """Returns `{N: callback or [callbacks]}` run once, after step N. Eager; default `{}`."""
         return {}
+
+
+def _is_python_zero(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
 
 
 class Gradients(list):
