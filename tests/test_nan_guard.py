@@ -83,6 +83,19 @@ def test_rolls_back_once_then_stops_with_a_clear_error(tmp_path, capsys):
         assert np.all(np.isfinite(value))
 
 
+def test_rollback_at_a_checkpoint_step_saves_no_checkpoint_under_that_number(tmp_path):
+    """Steps 8, 9, 10 go bad: the guard rolls back to step 5 right where the interval (5) is
+    due. The step after the rollback is 5 again, so no checkpoint "10" holding step 5's state
+    may appear, and the replay counts its steps from 5."""
+    task = NanAt(bad_steps=[], nan_forever_after=7)
+    with pytest.raises(NonFiniteLossError):
+        _run(task, tmp_path, NanGuard(patience=3, max_rollbacks=1), 30)
+    steps = [s for s, _ in task.recorder.calls]
+    assert steps == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 6, 7, 8, 9, 10], steps
+    state = tf.train.get_checkpoint_state(str(tmp_path))
+    assert [p.rsplit("-", 1)[1] for p in state.all_model_checkpoint_paths] == ["5"]
+
+
 def test_guard_settings_are_checked():
     with pytest.raises(ValueError, match="patience"):
         NanGuard(patience=0)
