@@ -92,6 +92,17 @@ def test_defaults_bind_the_seed_defaults():
     assert float(optimizer.epsilon) == pytest.approx(1e-3)
 
 
+def test_repository_relative_gin_file_from_another_directory(tmp_path, monkeypatch):
+    """`--gin_file=experiments/digits.gin` from outside the repository, with the repository on
+    the Python path (so `configs/` is importable as a namespace package, which gin's Python-path
+    reader crashes on), finds the file and its `include 'configs/defaults.gin'`."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(REPO))
+    train.parse_gin(["experiments/digits.gin"], ["TRAIN_STEPS = 7"])
+    assert gin.query_parameter("%TRAIN_STEPS") == 7
+    assert gin.query_parameter("orbitask.Task.max_to_keep") == 50  # from configs/defaults.gin
+
+
 def test_task_bindings_reach_built_in_tasks():
     train.parse_gin([DIGITS], ["orbitask.Task.max_to_keep = 3", "orbitask.Task.clip_norm = 2.5"])
     task = train.build_task()

@@ -54,11 +54,23 @@ def parse_gin(gin_files: list[str], gin_params: list[str]) -> None:
     import trainers  # noqa: F401
     from trainers.errors import ConfigError
 
-    for path in (os.getcwd(), REPO_ROOT):
-        gin.add_config_file_search_path(path)
-    for path in gin_files:
-        if not os.path.isfile(path) and not os.path.isfile(os.path.join(REPO_ROOT, path)):
-            raise ConfigError(f"--gin_file {path!r} does not exist.")
+    # The working directory, then the repository, ahead of gin's own '' prefix: with '' first,
+    # an include such as 'configs/defaults.gin' that is not under the working directory goes to
+    # gin's Python-path reader, which crashes on a namespace package (a folder without
+    # __init__.py, e.g. configs/ when the repository is on PYTHONPATH).
+    prefixes = gin.config._LOCATION_PREFIXES  # noqa: SLF001  (gin has no API for the order)
+    for path in (REPO_ROOT, os.getcwd()):
+        if path in prefixes:
+            prefixes.remove(path)
+        prefixes.insert(0, path)
+    resolved = []
+    for path in gin_files:  # relative to the working directory, else to the repository
+        if not os.path.isfile(path):
+            if not os.path.isfile(os.path.join(REPO_ROOT, path)):
+                raise ConfigError(f"--gin_file {path!r} does not exist.")
+            path = os.path.join(REPO_ROOT, path)
+        resolved.append(path)
+    gin_files = resolved
     # A gin `import my_task` finds my_task.py in the working directory or next to the .gin file.
     for folder in (os.getcwd(), *(os.path.dirname(os.path.abspath(p)) for p in gin_files)):
         if folder not in sys.path:
