@@ -72,3 +72,7 @@ def test_killed_worker_restarts_the_job_which_resumes_exactly(uninterrupted, tmp
     assert "[worker 1] orbitask: resumed from" in text  # non-chief restored the chief's checkpoint
     assert launching.latest_step(model) == STEPS
     faults.assert_identical(faults.final_state(model), faults.final_state(uninterrupted / "model"))
+    # The killed worker's temp checkpoint folder (no exit handlers ran) was emptied by the
+    # restarted worker, which removed it at its own exit. (TensorFlow's autograph files of the
+    # killed process do stay.)
+    assert [n for n in os.listdir(tmp_path / "tmp") if n.startswith("orbitask-")] == []

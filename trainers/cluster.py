@@ -17,8 +17,10 @@ tasks only serve TensorFlow's runtime (`serve`) until the job stops them.
 from __future__ import annotations
 
 import atexit
+import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 
@@ -99,9 +101,11 @@ def for_this_worker(
     """`manager` on the chief; on any other worker, a `WorkerCheckpointManager` like it."""
     if is_chief(strategy):
         return manager
+    task = tf_config().get("task", {})
     return WorkerCheckpointManager(
         manager.checkpoint,
         manager.directory,
+        worker=f"{task.get('type', 'worker')}-{task.get('index', 0)}",
         checkpoint_name=os.path.basename(manager._checkpoint_prefix),  # noqa: SLF001
         step_counter=getattr(manager, "_step_counter", None),
         checkpoint_interval=manager.checkpoint_interval,
@@ -112,7 +116,10 @@ class WorkerCheckpointManager(tf.train.CheckpointManager):
     """A non-chief worker's manager: restores the chief's checkpoints, saves into a temp folder.
 
     `directory` and `checkpoints` are the chief's (what restores and continuous evaluation
-    read); `save` writes into a temporary folder keeping one checkpoint, deleted at exit;
+    read); `save` writes into a temporary folder keeping one checkpoint, deleted at exit. The
+    folder's name comes from the chief's directory and `worker`, and a start empties it, so a
+    worker killed with SIGKILL (no exit handlers) leaves at most that one checkpoint behind,
+    removed when it restarts;
     `latest_checkpoint` is this worker's last save, or the chief's latest when it started, so
     that every worker sees the same step and takes the same decision to save or not (saves may
     be collectives).
@@ -120,12 +127,24 @@ class WorkerCheckpointManager(tf.train.CheckpointManager):
     Args:
       checkpoint: this worker's `tf.train.Checkpoint`.
       chief_directory: the model directory the chief saves into.
+      worker: this worker's name in the cluster (e.g. "worker-1").
       **kwargs: passed to `tf.train.CheckpointManager` (step_counter, checkpoint_interval).
     """
 
-    def __init__(self, checkpoint: tf.train.Checkpoint, chief_directory: str, **kwargs):
+    def __init__(
+        self,
+        checkpoint: tf.train.Checkpoint,
+        chief_directory: str,
+        worker: str = "worker",
+        **kwargs,
+    ):
         self.chief_directory = chief_directory
-        self.temp_directory = tempfile.mkdtemp(prefix="orbitask-worker-")
+        run = hashlib.sha1(os.path.abspath(chief_directory).encode()).hexdigest()[:12]
+        self.temp_directory = os.path.join(
+            tempfile.gettempdir(), f"orbitask-{run}-{_safe_name(worker)}"
+        )
+        shutil.rmtree(self.temp_directory, ignore_errors=True)  # a killed predecessor's
+        os.makedirs(self.temp_directory)
         atexit.register(shutil.rmtree, self.temp_directory, True)
         self._chief_latest = tf.train.latest_checkpoint(chief_directory)
         super().__init__(checkpoint, self.temp_directory, max_to_keep=1, **kwargs)
@@ -146,3 +165,7 @@ class WorkerCheckpointManager(tf.train.CheckpointManager):
     def latest_checkpoint(self) -> str | None:
         """This worker's last save, else the chief's latest checkpoint when this worker started."""
         return self._latest_checkpoint or self._chief_latest
+
+
+def _safe_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
