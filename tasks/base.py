@@ -32,6 +32,7 @@ import numpy as np
 import tensorflow as tf
 
 from tasks import callbacks as callbacks_lib
+from tasks import gradients as gradients_lib
 from tasks import keras_compat
 
 
@@ -169,30 +170,12 @@ class Task:
         """Returns `(update_gradients, display_gradients)`: NaN -> 0, then global-norm clip.
 
         Traced by tf.function, per replica. Receives the gradient already summed over replicas,
-        so clipping sees the global norm. The display list is a `Gradients` carrying its global
-        norm, which the `grad_norm` log reuses (an override may return plain lists).
+        so clipping sees the global norm. The display list is a `tasks.gradients.Gradients`
+        carrying its global norm, which the `grad_norm` log reuses (an override may return
+        plain lists). See `tasks.gradients.zero_nans_and_clip`.
         """
         del loss, outputs, batch, model, loss_fn, lr, optimizer
-        present = [g for g in gradients if g is not None]
-        if not present:
-            return list(gradients), list(gradients)
-        # A NaN anywhere makes the global norm NaN, so the per-element fix runs only then: on
-        # every step it cost a small model ~13% of its step time (benchmarks/RESULTS.md).
-        norm = tf.linalg.global_norm(present)
-        present, norm = tf.cond(
-            tf.math.is_nan(norm),
-            lambda: _zero_nans(present),
-            lambda: (present, norm),
-        )
-        it = iter(present)
-        non_nan = Gradients(None if g is None else next(it) for g in gradients)
-        non_nan.global_norm = norm  # `grad_norm`, without computing it again
-        if self.clip_norm is None:
-            return non_nan, non_nan
-        clipped, _ = tf.clip_by_global_norm(present, self.clip_norm, use_norm=norm)
-        it = iter(clipped)
-        update = [None if g is None else next(it) for g in non_nan]
-        return update, non_nan
+        return gradients_lib.zero_nans_and_clip(gradients, self.clip_norm)
 
     def process_metrics(self, metrics: list, batch: Any, outputs: Any) -> None:
         """Updates each metric with `(gt, outputs)` of an `(inputs, gt)` batch; returns None.
@@ -289,7 +272,7 @@ class Task:
                     for a, b in zip(total, gradients, strict=True)
                 ]
             )
-        gradients = all_reduce_sum(total)
+        gradients = gradients_lib.all_reduce_sum(total)
         finite = None
         if loss_scale is not None:  # float16 overflow: the trainer skips and lowers the scale
             finite = tf.reduce_all(
@@ -300,7 +283,7 @@ class Task:
         )
         logs = {
             "loss": scaled_sum * float(replicas) if replicas > 1 else scaled_sum,
-            "grad_norm": _global_norm(display),
+            "grad_norm": gradients_lib.global_norm(display),
         }
         if finite is not None:
             logs["nonfinite_gradients"] = 1.0 - tf.cast(finite, tf.float32)
@@ -339,7 +322,7 @@ class Task:
                 loss, outputs, batch, model, loss_fn, lr
             )
             scaled = tf.cast(loss_per_batch, tf.float32) / float(global_batch_size)
-            if not _is_python_zero(extra_loss):  # (no op for an absent regularisation loss)
+            if not gradients_lib.is_python_zero(extra_loss):  # no op for no regularisation
                 scaled += tf.cast(extra_loss, tf.float32) / float(replicas * micro_batches)
             # mixed_float16: differentiate the scaled-up loss so float16 gradients don't underflow
             target = scaled if loss_scale is None else scaled * loss_scale
@@ -409,54 +392,6 @@ class Task:
     def at_step(self) -> dict[int, Any]:
         """Returns `{N: callback or [callbacks]}` run once, after step N. Eager; default `{}`."""
         return {}
-
-
-def _is_python_zero(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
-
-
-class Gradients(list):
-    """A list of gradients that may know its global norm (`global_norm`, a tensor, or None).
-
-    The default `update_pre` returns its display gradients as one, so the `grad_norm` log
-    reuses the norm it clipped with.
-    """
-
-    global_norm = None
-
-
-def _global_norm(gradients: list) -> tf.Tensor:
-    norm = getattr(gradients, "global_norm", None)
-    if norm is not None:
-        return norm
-    present = [g for g in gradients if g is not None]
-    return tf.linalg.global_norm(present) if present else tf.constant(0.0)
-
-
-def _zero_nans(gradients: list) -> tuple[list, tf.Tensor]:
-    """The gradients with NaN entries set to 0, and their global norm (traced)."""
-    fixed = []
-    for g in gradients:
-        if isinstance(g, tf.IndexedSlices):
-            values = tf.where(tf.math.is_nan(g.values), tf.zeros_like(g.values), g.values)
-            fixed.append(tf.IndexedSlices(values, g.indices, g.dense_shape))
-        else:
-            fixed.append(tf.where(tf.math.is_nan(g), tf.zeros_like(g), g))
-    return fixed, tf.linalg.global_norm(fixed)
-
-
-def all_reduce_sum(gradients: list) -> list:
-    """Sums gradients over replicas (replica context); None entries stay None."""
-    context = tf.distribute.get_replica_context()
-    present = [(i, g) for i, g in enumerate(gradients) if g is not None]
-    if not present or context.num_replicas_in_sync == 1:
-        return [tf.convert_to_tensor(g) if g is not None else None for g in gradients]
-    dense = [tf.convert_to_tensor(g) for _, g in present]
-    reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, dense)
-    out = list(gradients)
-    for (i, _), g in zip(present, reduced, strict=True):
-        out[i] = g
-    return out
 
 
 def _is_trackable(value: Any) -> bool:

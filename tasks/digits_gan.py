@@ -19,8 +19,9 @@ import keras
 import tensorflow as tf
 
 from tasks import keras_compat
-from tasks.base import Task, all_reduce_sum
+from tasks.base import Task
 from tasks.digits import digits_split
+from tasks.gradients import all_reduce_sum
 
 
 def discriminator_loss(real_logits: tf.Tensor, fake_logits: tf.Tensor) -> tf.Tensor:
