@@ -14,26 +14,21 @@ Hook order, as the Controller drives it::
       return train_loop_end(last logs, metric results, lr, step)   # read in one go
     # then the Controller's actions: host callbacks (every_steps / at_step), progress, checkpoint
 
-    evaluate(num_steps or -1):
-      eval_begin()                              # reset eval metrics
-      each step: logs = strategy.run(task.validation_step)     # tf.function
-                 state = task.aggregate_logs(state, per-replica logs)   # eager
-      eval_end(state) = task.reduce_aggregated_logs(state) + metric results
+    evaluate(num_steps or -1): see `trainers.evaluation.TaskEvaluator`
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import orbit
 import tensorflow as tf
 
 from tasks import keras_compat
-from trainers.cluster import all_replica_values
+from trainers.evaluation import TaskEvaluator, to_python
 
 
-class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
+class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
     """Runs a `tasks.Task`'s `train_step` / `validation_step` on a strategy.
 
     Args:
@@ -115,7 +110,7 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         )
         self._train_iter = train_iterator
         if eval_dataset is not None:
-            orbit.StandardEvaluator.__init__(
+            TaskEvaluator.__init__(
                 self,
                 eval_dataset,
                 options=orbit.StandardEvaluatorOptions(use_tf_while_loop=False),
@@ -373,51 +368,10 @@ class TaskTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         """
         loop_output = loop_output or {}
         logs = {**loop_output.get("logs", {}), **loop_output.get("metrics", {})}
-        out = {k: _to_python(v) for k, v in logs.items()}
+        out = {k: to_python(v) for k, v in logs.items()}
         lr = loop_output.get("learning_rate")
         out["learning_rate"] = float(self.lr.numpy() if lr is None else lr)
         return out
-
-    # -------------------------------------------------------------------------- evaluation
-
-    def evaluate(self, num_steps: tf.Tensor):
-        """Eager: one evaluation, with the averaged weights swapped in when EMA is on.
-
-        Returns the eval logs (`eval_end`'s).
-        """
-        if self.ema is None:
-            return super().evaluate(num_steps)
-        with self.ema.averaged():
-            return super().evaluate(num_steps)
-
-    def eval_begin(self):
-        """Eager: resets eval metrics; returns the empty aggregation state."""
-        for metric in self.eval_metrics:
-            metric.reset_state()
-        return {}
-
-    def eval_step(self, iterator):
-        """One distributed validation step; returns per-replica logs as tuples (traced)."""
-        batch = next(iterator)
-        logs = self.strategy.run(self._replica_eval_step, args=(batch,))
-        return tf.nest.map_structure(lambda v: all_replica_values(self.strategy, v), logs)
-
-    def _replica_eval_step(self, batch):
-        return self.task.validation_step(
-            batch, self.model, self.eval_metrics, loss_fn=self.loss_fn, lr=self.lr
-        )
-
-    def eval_reduce(self, state=None, step_outputs=None):
-        """Eager: returns the state with one step folded in by the task's `aggregate_logs`."""
-        return self.task.aggregate_logs(state, step_outputs)
-
-    def eval_end(self, state=None) -> dict:
-        """Eager: returns the task's reduced logs plus Keras metric results."""
-        step = int(self.global_step.numpy())
-        logs = dict(self.task.reduce_aggregated_logs(state, global_step=step) or {})
-        for metric in self.eval_metrics:
-            logs[metric.name] = _to_python(metric.result())
-        return logs
 
 
 class _LoopRecord:
@@ -431,9 +385,3 @@ class _LoopRecord:
 def _trainable_signature(model: Any) -> tuple:
     models = model.values() if isinstance(model, dict) else [model]
     return tuple(id(v) for m in models for v in getattr(m, "trainable_variables", []))
-
-
-def _to_python(value: Any) -> Any:
-    value = value.numpy() if hasattr(value, "numpy") else value
-    array = np.asarray(value)
-    return float(array) if array.ndim == 0 else array
