@@ -1,10 +1,12 @@
-"""Building the run's checkpoint, and restoring checkpoints safely: skip unreadable ones, explain
-incompatible ones, delete nothing."""
+"""The model directory's state: building the run's checkpoint, writing the operative gin config,
+and restoring checkpoints safely (skip unreadable ones, explain incompatible ones, delete
+nothing)."""
 
 from __future__ import annotations
 
 import os
 
+import gin
 import tensorflow as tf
 from absl import logging
 
@@ -105,3 +107,12 @@ def build(
         checkpoint_name=os.path.basename(manager._checkpoint_prefix),  # noqa: SLF001
     )
     return checkpoint, manager
+
+
+def write_operative_config(model_dir: str) -> None:
+    """Writes gin's operative config (what this run actually used) into `model_dir`. Eager;
+    returns None."""
+    text = gin.operative_config_str()
+    if text.strip():
+        with tf.io.gfile.GFile(os.path.join(model_dir, "operative_config.gin"), "w") as f:
+            f.write(text)

@@ -52,7 +52,9 @@ class Controller(orbit.Controller):
         while step < steps:
             length = self._steps_per_loop
             length = length(step) if callable(length) else length
-            step = self._train_n_steps(min(steps - step, length), step)
+            if self._interval:  # a loop also ends at each multiple of the checkpoint interval
+                length = min(length, self._interval - step % self._interval)
+            step = self._train_n_steps(max(1, min(steps - step, length)), step)
             self._maybe_save_checkpoint()
         if checkpoint_at_completion:
             self._maybe_save_checkpoint(check_interval=False)

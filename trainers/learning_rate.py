@@ -98,6 +98,23 @@ class LearningRate:
             aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
         )
 
+    @classmethod
+    def create(cls, learning_rate: Any) -> LearningRate:
+        """Returns a `LearningRate` with a new `lr` variable. Eager, in the strategy's scope.
+
+        `learning_rate` is a float, or a `step -> rate` schedule (then `lr` starts at
+        `schedule(0)`).
+        """
+        schedule = learning_rate if callable(learning_rate) else None
+        lr = tf.Variable(
+            float(schedule(0)) if schedule else float(learning_rate),
+            trainable=False,
+            dtype=tf.float32,
+            name="learning_rate",
+            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+        )
+        return cls(lr, schedule)
+
     def step_update(self, global_step: tf.Variable, optimizer: Any) -> None:
         """Traced, cross-replica, before each step: lr = schedule(step) * factor -> optimizer."""
         if self.schedule is None:

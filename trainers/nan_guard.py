@@ -63,6 +63,17 @@ class NanGuard:
         """
         return self.streak >= self.patience
 
+    def action(self, checkpoint, manager, strategy, global_step, trainer):
+        """Returns the train action (eager, after each device loop) calling `after_loop`; after
+        a rollback it sets `trainer.last_step` to the restored step."""
+
+        def roll_back_if_due(train_output) -> None:
+            del train_output
+            if self.after_loop(checkpoint, manager, strategy, global_step):
+                trainer.last_step = int(global_step.numpy())
+
+        return roll_back_if_due
+
     def after_loop(self, checkpoint, manager, strategy, global_step) -> bool:
         """Eager, after each device loop and before any save: rolls back or stops.
 

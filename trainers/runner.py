@@ -8,10 +8,9 @@ from typing import Any
 import gin
 import orbit
 import orbit.controller
-import tensorflow as tf
 from absl import logging
 
-from tasks import CallbackContext, Task, keras_compat
+from tasks import CallbackContext, keras_compat
 from trainers import checkpoints, cluster, settings, summaries, validation
 from trainers import inputs as inputs_lib
 from trainers.callback_runner import CallbackAction
@@ -168,28 +167,13 @@ def _setup(
     if seed is not None:
         make_deterministic(seed)
     if cpu_devices:
-        got = len(logical_cpus(cpu_devices))
-        if got != cpu_devices:
-            raise ValueError(
-                f"`cpu_devices` is {cpu_devices} but TensorFlow already started with {got} CPU "
-                "device(s); set it before anything else uses TensorFlow."
-            )
+        settings.check_cpu_devices(cpu_devices, len(logical_cpus(cpu_devices)))
     if cluster.is_server_task(strategy):
         return cluster.serve  # a parameter-server job's worker or ps task only serves
     strategy = build_strategy(strategy)
     chief = cluster.is_chief(strategy)  # only the chief keeps checkpoints, summaries, config
     replicas = strategy.num_replicas_in_sync
-    if global_batch_size % replicas:
-        raise ValueError(
-            f"`global_batch_size` ({global_batch_size}) must be divisible by the number of "
-            f"replicas ({replicas}). Change run_experiment.global_batch_size."
-        )
-    if jit_compile and replicas > 1 and not tf.config.list_logical_devices("GPU"):
-        raise ValueError(
-            f"`jit_compile=True` cannot run {replicas} replicas on logical CPU devices (XLA on "
-            "CPU reaches only the first one). Set run_experiment.jit_compile = False or use "
-            "strategy = 'one_device'."
-        )
+    settings.check_replicas(replicas, global_batch_size, jit_compile)
     validation.check_model_dir(model_dir)
     training = mode in ("train", "train_and_eval")
     evaluating = mode != "train"
@@ -216,27 +200,14 @@ def _setup(
             task.keras_flavour = keras_compat.model_flavour(model) or keras_compat.KERAS3
         loss_fn = task.build_losses()
         global_step = orbit.utils.create_global_step()
-        schedule = learning_rate if callable(learning_rate) else None
-        initial_lr = float(schedule(0)) if schedule else float(learning_rate)
-        lr = tf.Variable(
-            initial_lr,
-            trainable=False,
-            dtype=tf.float32,
-            name="learning_rate",
-            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
-        )
-        lr_control = LearningRate(lr, schedule)
-        optimizer = task.build_optimizer(initial_lr)
+        lr_control = LearningRate.create(learning_rate)
+        schedule, lr = lr_control.schedule, lr_control.lr
+        optimizer = task.build_optimizer(float(lr.numpy()))
         keras_compat.check_matching(model, optimizer)
         train_metrics = task.build_metrics(training=True) if training else []
         eval_metrics = task.build_metrics(training=False) if evaluating else []
         if nan_guard is not None and training:
-            if type(task).train_step is not Task.train_step:
-                raise ValueError(
-                    f"NanGuard needs the default train_step, but {type(task).__name__} "
-                    "overrides it; remove run_experiment.nan_guard or skip non-finite steps "
-                    "in your train_step."
-                )
+            settings.check_nan_guard_step(task)
             nan_guard.build()
         train_iterator = None
         if training:
@@ -254,12 +225,8 @@ def _setup(
             )
             # After check_inputs, which calls the model once: a Keras model without an Input
             # layer only has weights from then on, and the optimizer must be built with them.
-            if not _trainable_variables(model):
-                raise ValueError(
-                    f"{type(task).__name__}.build_model() returned a model without trainable "
-                    "weights; give it an input shape (e.g. keras.Input((64,)) as its first layer)."
-                )
-            keras_compat.build_optimizer_slots(optimizer, _trainable_variables(model), model)
+            variables = validation.trainable_variables(task, model)
+            keras_compat.build_optimizer_slots(optimizer, variables, model)
         extra_every = {histogram_interval: [summaries.histograms]} if histogram_interval else {}
         callbacks = CallbackAction(task, global_step, make_context, None, extra_every)
         extra_state = {"learning_rate_factor": lr_control.factor}
@@ -326,7 +293,7 @@ def _setup(
 
     callbacks.current_step = step_now
     if chief:
-        _write_operative_config(model_dir)
+        checkpoints.write_operative_config(model_dir)
 
     train_summaries = summaries.LoopSummaryManager(
         os.path.join(model_dir, "train") if chief else None,
@@ -349,22 +316,12 @@ def _setup(
         train_actions.append(progress_action)
     if nan_guard is not None and training:
         # Last, and before the Controller's save: a rollback must precede any checkpoint.
-        def roll_back_if_due(out):
-            if nan_guard.after_loop(checkpoint, manager, strategy, global_step):
-                trainer.last_step = int(global_step.numpy())
-
-        train_actions.append(roll_back_if_due)
+        train_actions.append(nan_guard.action(checkpoint, manager, strategy, global_step, trainer))
     preemption = PreemptionWatcher(manager, global_step)
     train_actions.append(preemption)  # last: saves the state every other action left
 
-    def loop_length(step: int) -> int:
-        bounds = [steps_per_loop]
-        due = callbacks.steps_until_due(step)
-        if due:
-            bounds.append(due)
-        if checkpoint_interval:
-            bounds.append(checkpoint_interval - step % checkpoint_interval)
-        return max(1, min(bounds))
+    def loop_length(step: int) -> int:  # (the Controller also ends loops at checkpoint steps)
+        return min(steps_per_loop, callbacks.steps_until_due(step) or steps_per_loop)
 
     eval_actions = [lambda out: results.__setitem__("eval", dict(out))]
     if validation_control is not None and evaluating:
@@ -441,16 +398,3 @@ def _setup(
         return results
 
     return execute
-
-
-def _trainable_variables(model: Any) -> list:
-    models = model.values() if isinstance(model, dict) else [model]
-    return [v for m in models for v in m.trainable_variables]
-
-
-def _write_operative_config(model_dir: str) -> None:
-    """Writes gin's operative config (what this run actually used) into the model directory."""
-    text = gin.operative_config_str()
-    if text.strip():
-        with tf.io.gfile.GFile(os.path.join(model_dir, "operative_config.gin"), "w") as f:
-            f.write(text)

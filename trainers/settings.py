@@ -91,3 +91,39 @@ def check(
         )
     if not isinstance(model_dir, str) or not model_dir:
         raise ValueError(f"`model_dir` must be a non-empty path; received {model_dir!r}.")
+
+
+def check_cpu_devices(wanted: int, got: int) -> None:
+    """Raises ValueError when TensorFlow started with another number of CPU devices."""
+    if got != wanted:
+        raise ValueError(
+            f"`cpu_devices` is {wanted} but TensorFlow already started with {got} CPU "
+            "device(s); set it before anything else uses TensorFlow."
+        )
+
+
+def check_replicas(replicas: int, global_batch_size: int, jit_compile: bool) -> None:
+    """Raises ValueError for a global batch or an XLA setting the strategy cannot run."""
+    import tensorflow as tf
+
+    if global_batch_size % replicas:
+        raise ValueError(
+            f"`global_batch_size` ({global_batch_size}) must be divisible by the number of "
+            f"replicas ({replicas}). Change run_experiment.global_batch_size."
+        )
+    if jit_compile and replicas > 1 and not tf.config.list_logical_devices("GPU"):
+        raise ValueError(
+            f"`jit_compile=True` cannot run {replicas} replicas on logical CPU devices (XLA on "
+            "CPU reaches only the first one). Set run_experiment.jit_compile = False or use "
+            "strategy = 'one_device'."
+        )
+
+
+def check_nan_guard_step(task: Any) -> None:
+    """Raises ValueError when `task` overrides `train_step`, which the NaN guard needs."""
+    if type(task).train_step is not Task.train_step:
+        raise ValueError(
+            f"NanGuard needs the default train_step, but {type(task).__name__} "
+            "overrides it; remove run_experiment.nan_guard or skip non-finite steps "
+            "in your train_step."
+        )

@@ -115,6 +115,23 @@ def check_inputs(
         )
 
 
+def trainable_variables(task: Any, model: Any) -> list:
+    """Returns the trainable variables of the model (or dict of models). Eager.
+
+    Raises:
+      ValueError: when there are none (a Keras model without an input shape has no weights
+        until it is first called).
+    """
+    models = model.values() if isinstance(model, dict) else [model]
+    variables = [v for m in models for v in m.trainable_variables]
+    if not variables:
+        raise ValueError(
+            f"{type(task).__name__}.build_model() returned a model without trainable "
+            "weights; give it an input shape (e.g. keras.Input((64,)) as its first layer)."
+        )
+    return variables
+
+
 def check_finite_eval(task: Any, dataset: Any, eval_steps: int | None) -> None:
     """Refuses an evaluation that would never end. Eager, before the first step; returns None.
 
