@@ -18,6 +18,7 @@ class BenchTask(Task):
         the default configuration ends a device loop anyway, so the gate adds no loop).
       callbacks: keep the default `every_steps` (`{10: print_loss}`); False removes them.
       prefetch: batches prefetched (None: the workload's default).
+      **task_kwargs: `tasks.Task` arguments (e.g. `train_prefetch`).
     """
 
     def __init__(
@@ -27,8 +28,9 @@ class BenchTask(Task):
         boundaries: Sequence[int],
         callbacks: bool = True,
         prefetch: int | None = None,
+        **task_kwargs,
     ):
-        super().__init__()
+        super().__init__(**task_kwargs)
         self.workload = name
         self.gate = gate
         self.boundaries = list(boundaries)

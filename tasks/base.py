@@ -53,6 +53,10 @@ class Task:
       optimizer_epsilon: epsilon of the default Nadam optimizer. Seed default 1e-3.
       max_to_keep: checkpoints kept by the default `build_checkpoint`. Seed default 50.
       keras_flavour: "keras" (Keras 3, `tf.keras`) or "tf_keras"; None follows the built model.
+      train_prefetch: batches the training input prefetches where `build_inputs` (or
+        `make_batches`) ends it with `prefetch(tf.data.AUTOTUNE)`: every checkpoint saves that
+        buffer, and an autotuned one grows without bound (README, Performance). None keeps
+        the autotuned buffer.
       name: a name for logs.
     """
 
@@ -62,6 +66,7 @@ class Task:
         optimizer_epsilon: float = 1e-3,
         max_to_keep: int = 50,
         keras_flavour: str | None = None,
+        train_prefetch: int | None = 2,
         name: str | None = None,
     ):
         if clip_norm is not None and not clip_norm > 0:
@@ -76,7 +81,13 @@ class Task:
         self.clip_norm = clip_norm
         self.optimizer_epsilon = optimizer_epsilon
         self.max_to_keep = max_to_keep
+        if train_prefetch is not None and not (type(train_prefetch) is int and train_prefetch > 0):
+            raise ValueError(
+                f"`train_prefetch` must be a positive int or None; received {train_prefetch!r}. "
+                "Set Task.train_prefetch in your .gin file."
+            )
         self.keras_flavour = keras_flavour
+        self.train_prefetch = train_prefetch
         self.name = name or type(self).__name__
 
     # ----------------------------------------------------------------------------------------

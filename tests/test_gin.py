@@ -129,13 +129,24 @@ def test_typo_in_a_gin_file_names_the_binding_and_the_file(tmp_path):
         (["--gin_params=TASK=3"], "TASK must be a tasks.Task instance.*received 3 of type int"),
         (["--gin_params=orbitask.Task.clip_norm=-1"], "`clip_norm` must be positive.*-1"),
         (
+            ["--gin_params=orbitask.Task.train_prefetch=0"],
+            "`train_prefetch` must be a positive int or None; received 0",
+        ),
+        (
             ["--gin_params=orbitask.run_experiment.steps_per_loop=0"],
             "`steps_per_loop` must be a positive integer; received 0",
         ),
         (["--no_such_flag=1"], "Unknown command line flag 'no_such_flag'"),
         (["--model_dir="], "--model_dir is required"),
     ],
-    ids=["task_not_a_task", "bad_clip_norm", "zero_steps_per_loop", "unknown_flag", "no_model_dir"],
+    ids=[
+        "task_not_a_task",
+        "bad_clip_norm",
+        "zero_train_prefetch",
+        "zero_steps_per_loop",
+        "unknown_flag",
+        "no_model_dir",
+    ],
 )
 def test_main_reports_mistakes_in_one_line(tmp_path, capsys, args, expected):
     model_dir = tmp_path / "run"

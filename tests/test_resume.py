@@ -13,6 +13,11 @@ class Resumable(TinyTask):
         super().__init__(shuffle=True, **kwargs)
         self.recorder = Recorder()
 
+    def build_inputs(self, per_replica_batch_size, input_context=None, training=True):
+        # The usual ending, which orbitask turns into a fixed prefetch (Task.train_prefetch).
+        ds = super().build_inputs(per_replica_batch_size, input_context, training)
+        return ds.prefetch(tf.data.AUTOTUNE)
+
     def every_steps(self):
         return {1: self.recorder}
 

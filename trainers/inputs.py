@@ -19,8 +19,10 @@ are restored).
 
 The train iterator is saved explicitly, buffers included; tf.data's symbolic checkpointing
 (which leaves the prefetch buffer out) made iterating the pipeline several times slower
-(benchmarks/RESULTS.md), so it is not used: prefetch a fixed number of batches (README,
-Performance).
+(benchmarks/RESULTS.md), so it is not used. An autotuned prefetch buffer doubles whenever the
+loop finds it empty, and every checkpoint would save it: a `prefetch(tf.data.AUTOTUNE)` that
+ends the training pipeline is replaced by `prefetch(task.train_prefetch)` (same elements, same
+order); one deeper in the pipeline cannot be, and is named in a warning.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ import uuid
 from typing import Any
 
 import tensorflow as tf
+from absl import logging
+from tensorflow.core.framework import graph_pb2
+from tensorflow.python.data.ops import dataset_ops, prefetch_op
 
 from trainers.cluster import is_parameter_server, num_ps_workers
 
@@ -54,7 +59,56 @@ def train_iterator(task: Any, strategy: tf.distribute.Strategy, global_batch_siz
     context = tf.distribute.InputContext(1, 0, strategy.num_replicas_in_sync)
     with tf.device("/cpu:0"):
         dataset = _build(task, per_replica, context, training=True)
+        if task.train_prefetch is not None:
+            dataset = bound_prefetch(dataset, task.train_prefetch, type(task).__name__)
         return iter(dataset)
+
+
+def bound_prefetch(dataset: tf.data.Dataset, batches: int, owner: str) -> tf.data.Dataset:
+    """`dataset` with its final `prefetch(tf.data.AUTOTUNE)` made `prefetch(batches)`. Eager, once.
+
+    Options set on top (`with_options`) are kept. Warns, naming `owner`'s `build_inputs`, about
+    autotuned prefetches that are not last (they stay; their buffers are checkpointed too).
+    """
+    top, options = dataset, dataset.options()
+    while isinstance(top, dataset_ops._OptionsDataset):  # noqa: SLF001
+        top = top._input_dataset  # noqa: SLF001
+    if isinstance(top, prefetch_op._PrefetchDataset) and _is_autotune(top._buffer_size):  # noqa: SLF001
+        dataset = top._input_dataset.prefetch(batches).with_options(options)  # noqa: SLF001
+    left = autotuned_prefetches(dataset)
+    if left:
+        logging.warning(
+            "%s.build_inputs(training=True) has %d prefetch(tf.data.AUTOTUNE) before its last "
+            "transformation; checkpoints save its buffer, which grows: prefetch a fixed number of "
+            "batches there (README, Performance).",
+            owner,
+            left,
+        )
+    return dataset
+
+
+def _is_autotune(buffer_size: tf.Tensor) -> bool:
+    value = tf.get_static_value(buffer_size)
+    return value is not None and int(value) == tf.data.AUTOTUNE
+
+
+def autotuned_prefetches(dataset: tf.data.Dataset) -> int:
+    """How many `prefetch(tf.data.AUTOTUNE)` the pipeline has (0 if it cannot be serialized)."""
+    try:
+        serialized = dataset._as_serialized_graph(  # noqa: SLF001
+            external_state_policy=tf.data.experimental.ExternalStatePolicy.IGNORE
+        )
+    except (tf.errors.OpError, ValueError, TypeError):
+        return 0
+    graph = graph_pb2.GraphDef.FromString(serialized.numpy())
+    constants = {n.name: n for n in graph.node if n.op == "Const"}
+    count = 0
+    for node in graph.node:
+        if node.op == "PrefetchDataset" and node.attr["legacy_autotune"].b:
+            size = constants.get(node.input[1].split(":")[0])
+            if size is not None and int(tf.make_ndarray(size.attr["value"].tensor)) < 0:
+                count += 1
+    return count
 
 
 def probe_save(iterator: tf.data.Iterator) -> None:
