@@ -113,6 +113,7 @@ def run_orbitask(
     callbacks: bool = True,
     jit_compile: bool = False,
     checkpoints: bool = True,
+    train_prefetch: int | None = 2,
 ) -> dict:
     """`run_experiment` with `configs/defaults.gin`; returns checkpoint sizes. Eager."""
     import gin
@@ -133,6 +134,8 @@ def run_orbitask(
         bindings.append("orbitask.run_experiment.jit_compile = True")
     if not checkpoints:  # saved once, at the end
         bindings.append("orbitask.run_experiment.checkpoint_seconds = None")
+    if train_prefetch != 2:
+        bindings.append(f"orbitask.Task.train_prefetch = {train_prefetch}")
     parse_gin([os.path.join(REPO_ROOT, "configs", "defaults.gin")], bindings)
     boundaries = [workload.window * (k + 1) for k in range(windows + 1)]
     task = BenchTask(workload.name, gate, boundaries, callbacks=callbacks)

@@ -19,6 +19,9 @@ def contender_title(name: str, steps_per_call: int) -> str:
         "reference": f"hand-written loop, {steps_per_call} steps/call (reference)",
         "orbitask": "orbitask default",
         "orbitask-quiet": "orbitask, default callbacks + progress off",
+        "orbitask-autotune": (
+            "orbitask, the workload's prefetch(AUTOTUNE) kept (train_prefetch=None)"
+        ),
         "orbitask-lean": "orbitask, callbacks + progress + periodic checkpoints off",
         "orbitask-xla": "orbitask, jit_compile=True",
     }

@@ -25,6 +25,7 @@ CONTENDERS = (
     "orbitask-quiet",
     "orbitask-lean",
     "orbitask-xla",
+    "orbitask-autotune",
     "keras3@1",
     "keras3@N",
     "tf_keras@1",
@@ -108,6 +109,7 @@ def main(argv: list[str] | None = None) -> None:
             callbacks=name not in ("orbitask-quiet", "orbitask-lean"),
             jit_compile=name == "orbitask-xla",
             checkpoints=name != "orbitask-lean",
+            train_prefetch=None if name == "orbitask-autotune" else 2,
         )
     else:
         flavour, spe = name.split("@")
