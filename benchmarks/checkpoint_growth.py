@@ -7,7 +7,7 @@ autotuned `prefetch(tf.data.AUTOTUNE)` doubles its buffer whenever the training 
 empty (most often when input-bound), up to tf.data's RAM budget, and every checkpoint saves the
 whole buffer (tf.data's symbolic checkpointing leaves it out but slows the pipeline 5x, see
 trainers/inputs.py). orbitask replaces a final `prefetch(tf.data.AUTOTUNE)` by
-`prefetch(Task.train_prefetch)` (2); `train_prefetch=None` keeps the autotuned buffer. Prints
+`prefetch(Task.train_prefetch)` (8); `train_prefetch=None` keeps the autotuned buffer. Prints
 the size of every kept checkpoint for: the autotuned buffer kept, the same pipeline with
 orbitask's default, and a pipeline written with `prefetch(2)` (default configuration but a
 checkpoint every 100 steps, callbacks off so the output stays short).
@@ -53,18 +53,18 @@ def main(argv: list[str] | None = None) -> int:
 
     batch = workloads.WORKLOADS[args.workload].global_batch
     settings = (
-        ("prefetch(AUTOTUNE), train_prefetch=None", tf.data.AUTOTUNE, None),
-        ("prefetch(AUTOTUNE), default train_prefetch=2", tf.data.AUTOTUNE, 2),
-        ("prefetch(2)", 2, 2),
+        ("prefetch(AUTOTUNE), train_prefetch=None", tf.data.AUTOTUNE, {"train_prefetch": None}),
+        ("prefetch(AUTOTUNE), default train_prefetch", tf.data.AUTOTUNE, {}),
+        ("prefetch(2)", 2, {}),
     )
-    for label, prefetch, train_prefetch in settings:
+    for label, prefetch, task_kwargs in settings:
         task = BenchTask(
             args.workload,
             lambda: None,
             [],
             callbacks=False,
             prefetch=prefetch,
-            train_prefetch=train_prefetch,
+            **task_kwargs,
         )
         with tempfile.TemporaryDirectory() as model_dir:
             started = time.perf_counter()

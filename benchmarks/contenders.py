@@ -13,7 +13,8 @@ window's time never includes another process's work. Each returns a dict of extr
   several read `distribute_datasets_from_function`.
 - `orbitask`: `run_experiment` with `configs/defaults.gin` (mode "train"); only the task, the
   global batch and, for several replicas, `strategy = 'mirrored'` are bound. Options turn the
-  default callbacks and progress display off, periodic checkpoints off, or XLA on.
+  default callbacks and progress display off, periodic checkpoints off, XLA on, or keep the
+  workload's `prefetch(AUTOTUNE)` (`train_prefetch = None`).
 - `keras_fit`: `model.fit` of Keras 3 or tf_keras with `steps_per_execution`, `verbose=0`,
   `jit_compile=False`, Nadam with `global_clipnorm=10`.
 """
@@ -113,7 +114,7 @@ def run_orbitask(
     callbacks: bool = True,
     jit_compile: bool = False,
     checkpoints: bool = True,
-    train_prefetch: int | None = 2,
+    keep_autotune: bool = False,
 ) -> dict:
     """`run_experiment` with `configs/defaults.gin`; returns checkpoint sizes. Eager."""
     import gin
@@ -134,8 +135,8 @@ def run_orbitask(
         bindings.append("orbitask.run_experiment.jit_compile = True")
     if not checkpoints:  # saved once, at the end
         bindings.append("orbitask.run_experiment.checkpoint_seconds = None")
-    if train_prefetch != 2:
-        bindings.append(f"orbitask.Task.train_prefetch = {train_prefetch}")
+    if keep_autotune:  # the workload's prefetch(AUTOTUNE) stays
+        bindings.append("orbitask.Task.train_prefetch = None")
     parse_gin([os.path.join(REPO_ROOT, "configs", "defaults.gin")], bindings)
     boundaries = [workload.window * (k + 1) for k in range(windows + 1)]
     task = BenchTask(workload.name, gate, boundaries, callbacks=callbacks)

@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
             callbacks=name not in ("orbitask-quiet", "orbitask-lean"),
             jit_compile=name == "orbitask-xla",
             checkpoints=name != "orbitask-lean",
-            train_prefetch=None if name == "orbitask-autotune" else 2,
+            keep_autotune=name == "orbitask-autotune",
         )
     else:
         flavour, spe = name.split("@")
