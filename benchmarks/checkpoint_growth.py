@@ -7,7 +7,7 @@ autotuned `prefetch(tf.data.AUTOTUNE)` doubles its buffer whenever the training 
 empty (most often when input-bound), up to tf.data's RAM budget, and every checkpoint saves the
 whole buffer (tf.data's symbolic checkpointing leaves it out but slows the pipeline 5x, see
 trainers/inputs.py). orbitask replaces a final `prefetch(tf.data.AUTOTUNE)` by
-`prefetch(Task.train_prefetch)` (8); `train_prefetch=None` keeps the autotuned buffer. Prints
+`prefetch(Task.train_prefetch)` (4); `train_prefetch=None` keeps the autotuned buffer. Prints
 the size of every kept checkpoint for: the autotuned buffer kept, the same pipeline with
 orbitask's default, and a pipeline written with `prefetch(2)` (default configuration but a
 checkpoint every 100 steps, callbacks off so the output stays short).

@@ -55,7 +55,7 @@ class Task:
       keras_flavour: "keras" (Keras 3, `tf.keras`) or "tf_keras"; None follows the built model.
       train_prefetch: batches the training input prefetches where `build_inputs` (or
         `make_batches`) ends it with `prefetch(tf.data.AUTOTUNE)`: every checkpoint saves that
-        buffer, and an autotuned one grows without bound (README, Performance). Default 8
+        buffer, and an autotuned one grows without bound (README, Performance). Default 4
         (2 cost the MLP benchmark 2-3%); None keeps the autotuned buffer.
       name: a name for logs.
     """
@@ -66,7 +66,7 @@ class Task:
         optimizer_epsilon: float = 1e-3,
         max_to_keep: int = 50,
         keras_flavour: str | None = None,
-        train_prefetch: int | None = 8,
+        train_prefetch: int | None = 4,
         name: str | None = None,
     ):
         if clip_norm is not None and not clip_norm > 0:

@@ -32,7 +32,6 @@ from typing import Any
 
 import tensorflow as tf
 from absl import logging
-from tensorflow.core.framework import graph_pb2
 from tensorflow.python.data.ops import dataset_ops, prefetch_op
 
 from trainers.cluster import is_parameter_server, num_ps_workers
@@ -93,21 +92,19 @@ def _is_autotune(buffer_size: tf.Tensor) -> bool:
 
 
 def autotuned_prefetches(dataset: tf.data.Dataset) -> int:
-    """How many `prefetch(tf.data.AUTOTUNE)` the pipeline has (0 if it cannot be serialized)."""
-    try:
-        serialized = dataset._as_serialized_graph(  # noqa: SLF001
-            external_state_policy=tf.data.experimental.ExternalStatePolicy.IGNORE
-        )
-    except (tf.errors.OpError, ValueError, TypeError):
-        return 0
-    graph = graph_pb2.GraphDef.FromString(serialized.numpy())
-    constants = {n.name: n for n in graph.node if n.op == "Const"}
-    count = 0
-    for node in graph.node:
-        if node.op == "PrefetchDataset" and node.attr["legacy_autotune"].b:
-            size = constants.get(node.input[1].split(":")[0])
-            if size is not None and int(tf.make_ndarray(size.attr["value"].tensor)) < 0:
-                count += 1
+    """How many `prefetch(tf.data.AUTOTUNE)` the pipeline has (walks its Python datasets)."""
+    count, seen, todo = 0, set(), [dataset]
+    while todo:
+        node = todo.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, prefetch_op._PrefetchDataset) and _is_autotune(node._buffer_size):  # noqa: SLF001
+            count += 1
+        try:
+            todo.extend(node._inputs())  # noqa: SLF001
+        except NotImplementedError:  # a dataset made from a variant: its inputs are unknown
+            pass
     return count
 
 
