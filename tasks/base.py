@@ -56,7 +56,7 @@ class Task:
       train_prefetch: batches the training input prefetches where `build_inputs` (or
         `make_batches`) ends it with `prefetch(tf.data.AUTOTUNE)`: every checkpoint saves that
         buffer, and an autotuned one grows without bound (README, Performance). Default 4
-        (2 cost the MLP benchmark 2-3%); None keeps the autotuned buffer.
+        (2 cost the MLP benchmark up to 5%); None keeps the autotuned buffer.
       name: a name for logs.
     """
 

@@ -129,17 +129,28 @@ def write_kept_scalars(writer: Any, write: bool = True) -> bool:
 
     Returns whether anything was written.
     """
-    kept = _KEPT.pop(writer, {})
-    if not write or not kept:
+    kept = take_kept_scalars(writer)
+    if not write or kept is None:
         return False
+    write_points(writer, *kept)
+    return True
+
+
+def take_kept_scalars(writer: Any) -> tuple[list, list, list] | None:
+    """Removes and returns the points kept for `writer` as `(tags, steps, values)`, or None.
+
+    Host only; `write_points` writes them (possibly on another thread).
+    """
+    kept = _KEPT.pop(writer, {})
+    if not kept:
+        return None
     tags, steps, values = [], [], []
     for tag, points in sorted(kept.items()):
         for step, value in points:
             tags.append(tag)
             steps.append(step)
             values.append(value)
-    _write_points(writer, tags, steps, values)
-    return True
+    return tags, steps, values
 
 
 def write_scalars(writer: Any, tag: str, steps: Sequence[int], values: Sequence[float]) -> None:
@@ -150,10 +161,17 @@ def write_scalars(writer: Any, tag: str, steps: Sequence[int], values: Sequence[
     `tf.summary.scalar` ~200 us). Zero points write nothing, which makes a call with none a
     warm-up. Returns None.
     """
-    _write_points(writer, [tag] * len(steps), steps, values)
+    write_points(writer, [tag] * len(steps), steps, values)
 
 
-def _write_points(writer: Any, tags: Sequence[str], steps: Sequence[int], values: Sequence[float]):
+def write_points(
+    writer: Any, tags: Sequence[str], steps: Sequence[int], values: Sequence[float]
+) -> None:
+    """Writes scalar `values[i]` of `tags[i]` at `steps[i]` into `writer`: one traced call.
+
+    Eager; returns None. Safe on a thread other than the training loop's (the writer resource
+    serializes its writes); the first call for a writer traces, so make it on one thread.
+    """
     fn = _SCALAR_WRITERS.get(writer)
     if fn is None:
 

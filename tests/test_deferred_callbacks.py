@@ -113,3 +113,26 @@ def test_a_worker_without_summaries_keeps_no_points():
     callbacks.keep_scalars(writer, "loss", [(10, 1.0), (20, 0.5)])
     manager.write_summaries({"loss": 0.5})
     assert callbacks.write_kept_scalars(writer) is False
+
+
+def test_periodic_writes_run_on_a_background_thread_and_write_pending_waits_for_them(tmp_path):
+    # Interval 10: the loops ending at 10, 20, 30 each start a background write of what is
+    # kept; write_pending waits for them, writes the rest (step 35) and stops the thread.
+    step = tf.Variable(0, dtype=tf.int64)
+    manager = LoopSummaryManager(str(tmp_path), None, step, interval=10)
+    for end in (10, 20, 30, 35):
+        step.assign(end)
+        callbacks.keep_scalars(manager.summary_writer(), "loss", [(end - 5, 1.0 / end)])
+        manager.write_summaries({"grad_norm": float(end)})
+        if end < 35:
+            assert manager._pending is not None  # handed to the writer thread
+    manager.write_pending()
+    manager.flush()
+
+    assert manager._thread is None
+    (events,) = glob.glob(os.path.join(tmp_path, "events.out.tfevents.*"))
+    by_tag = {}
+    for tag, at, _, value in read_events(events):
+        by_tag.setdefault(tag, {})[at] = value
+    assert sorted(by_tag["grad_norm"]) == [10, 20, 30, 35]
+    assert by_tag["loss"] == pytest.approx({5: 0.1, 15: 0.05, 25: 1 / 30, 30: 1 / 35})
