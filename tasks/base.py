@@ -74,6 +74,11 @@ class Task:
                 f"`clip_norm` must be positive or None; received {clip_norm!r}. "
                 "Set Task.clip_norm in your .gin file."
             )
+        if train_prefetch is not None and not (type(train_prefetch) is int and train_prefetch > 0):
+            raise ValueError(
+                f"`train_prefetch` must be a positive int or None; received {train_prefetch!r}. "
+                "Set Task.train_prefetch in your .gin file."
+            )
         if keras_flavour not in (None, *keras_compat.FLAVOURS):
             raise ValueError(
                 f"`keras_flavour` must be None, 'keras' or 'tf_keras'; received {keras_flavour!r}."
@@ -81,11 +86,6 @@ class Task:
         self.clip_norm = clip_norm
         self.optimizer_epsilon = optimizer_epsilon
         self.max_to_keep = max_to_keep
-        if train_prefetch is not None and not (type(train_prefetch) is int and train_prefetch > 0):
-            raise ValueError(
-                f"`train_prefetch` must be a positive int or None; received {train_prefetch!r}. "
-                "Set Task.train_prefetch in your .gin file."
-            )
         self.keras_flavour = keras_flavour
         self.train_prefetch = train_prefetch
         self.name = name or type(self).__name__

@@ -125,7 +125,7 @@ def test_periodic_writes_run_on_a_background_thread_and_write_pending_waits_for_
         callbacks.keep_scalars(manager.summary_writer(), "loss", [(end - 5, 1.0 / end)])
         manager.write_summaries({"grad_norm": float(end)})
         if end < 35:
-            assert manager._pending is not None  # handed to the writer thread
+            assert manager._pending  # handed to the writer thread
     manager.write_pending()
     manager.flush()
 

@@ -78,7 +78,7 @@ class LoopSummaryManager(orbit.utils.SummaryManager):
         self._written_block = None
         self._unflushed = False
         self._thread: ThreadPoolExecutor | None = None
-        self._pending: Future | None = None
+        self._pending: list[Future] = []
         if self._enabled:  # trace the writer now, in setup, not in the first loop's host work
             callbacks.write_scalars(self.summary_writer(), "", (), ())
 
@@ -107,15 +107,18 @@ class LoopSummaryManager(orbit.utils.SummaryManager):
             self._write_in_background()
 
     def _write_in_background(self) -> None:
-        if self._pending is not None and self._pending.done():
-            self._pending.result()  # a failed write (e.g. a full disk) raises here
+        for done in [f for f in self._pending if f.done()]:
+            self._pending.remove(done)
+            done.result()  # a failed write (e.g. a full disk) raises here
         kept = callbacks.take_kept_scalars(self.summary_writer())
         self._last_write = time.monotonic()
         if kept is None:
             return
         if self._thread is None:
             self._thread = ThreadPoolExecutor(1, thread_name_prefix="orbitask-summaries")
-        self._pending = self._thread.submit(self._write_and_flush, self.summary_writer(), kept)
+        self._pending.append(
+            self._thread.submit(self._write_and_flush, self.summary_writer(), kept)
+        )
 
     @staticmethod
     def _write_and_flush(writer, kept) -> None:
@@ -132,8 +135,9 @@ class LoopSummaryManager(orbit.utils.SummaryManager):
         if self._thread is not None:
             self._thread.shutdown(wait=True)
             self._thread = None
-            pending, self._pending = self._pending, None
-            pending.result()  # raises what the background write raised
+            pending, self._pending = self._pending, []
+            for future in pending:
+                future.result()  # raises what a background write raised
         if callbacks.write_kept_scalars(self.summary_writer()):
             self._unflushed = True
         self._last_write = time.monotonic()
