@@ -3,9 +3,11 @@
 A group is one workload at one replica count with its contenders. `run_group` starts one
 `benchmarks.worker` process per contender; they warm up (import, build, trace, compile)
 together, then the harness lets exactly one of them train at a time: round r runs one window
-of every contender, in an order rotated by r, so slow drifts of the machine's load hit every
-contender alike. Each window's time is measured inside its worker (`time.perf_counter` between
-the harness's `go` and the window's last step), never including another process's work.
+of every contender, in an order shuffled with seed r, so slow drifts of the machine's load hit
+every contender alike and no contender always follows the same one (with a rotated order,
+whatever a process does right after its window fell on the same neighbour every round). Each
+window's time is measured inside its worker (`time.perf_counter` between the harness's `go`
+and the window's last step), never including another process's work.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import random
 import subprocess
 import sys
 import time
@@ -121,7 +124,7 @@ def run_group(
         )
         for r in range(rounds):
             order = list(range(len(workers)))
-            order = order[r % len(order) :] + order[: r % len(order)]
+            random.Random(r).shuffle(order)
             for i in order:
                 workers[i].go()
                 window = workers[i].expect("window")
