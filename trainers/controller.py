@@ -101,8 +101,8 @@ class Controller(orbit.Controller):
     def _step_now(self) -> int:
         """The global step: the trainer's `last_step` (the step its last loop ended at, kept
         current by a NaN rollback), else a read of the variable (~30-60 us, an eager op)."""
-        step = getattr(self.trainer, "last_step", None)
-        return int(self.global_step.numpy()) if step is None else step
+        step_now = getattr(self.trainer, "step_now", None)
+        return step_now() if step_now else int(self.global_step.numpy())
 
     def restore_checkpoint(self, checkpoint_path: str | None = None) -> str | None:
         """Restores `checkpoint_path`, or the newest readable checkpoint when None."""

@@ -287,10 +287,7 @@ def _setup(
     )
     if record_history:
         callbacks.history = lambda: trainer.loop_history
-
-    def step_now() -> int:  # after a device loop: its end step, without reading the variable
-        return int(global_step.numpy()) if trainer.last_step is None else trainer.last_step
-
+    step_now = trainer.step_now  # after a device loop: its end step, no read of the variable
     callbacks.current_step = step_now
     if chief:
         checkpoints.write_operative_config(model_dir)
