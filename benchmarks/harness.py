@@ -8,6 +8,14 @@ every contender alike and no contender always follows the same one (with a rotat
 whatever a process does right after its window fell on the same neighbour every round). Each
 window's time is measured inside its worker (`time.perf_counter` between the harness's `go`
 and the window's last step), never including another process's work.
+
+With a lead-in, a contender's turn is `lead_in` untimed windows and then the timed one, run
+back to back. On these machines a process resumed after a pause runs its first few hundred MLP
+steps markedly faster than it trains for long (benchmarks/RESULTS.md, session 5), and an input
+buffer refilled during the pause hands the next window batches made off the clock (more of
+them the deeper the buffer); the lead-in spends both before the clock starts. A contender
+named `name#k` is a k-th process of `name`: processes of the same code differ by a few percent
+for their whole life, which no number of rounds averages away, so `benchmarks.table` pools them.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ class Group:
 
     workload: str
     replicas: int
-    contenders: list[str]
+    contenders: list[str]  # `name#k`: a k-th process of contender `name` (the noise floor)
     window: int | None = None  # steps per window; None: the workload's default
 
 
@@ -47,7 +55,9 @@ class Result:
 class Worker:
     """A `benchmarks.worker` process and the pipe it reports on. Eager, host side."""
 
-    def __init__(self, group: Group, contender: str, rounds: int, steps_per_call: int, log_dir):
+    def __init__(
+        self, group: Group, contender: str, rounds: int, steps_per_call: int, log_dir, lead_in=0
+    ):
         read_fd, write_fd = os.pipe()
         command = [
             sys.executable,
@@ -56,13 +66,15 @@ class Worker:
             f"--contender={contender}",
             f"--workload={group.workload}",
             f"--replicas={group.replicas}",
-            f"--windows={rounds}",
+            f"--windows={rounds * (lead_in + 1)}",
+            f"--lead_in={lead_in}",
             f"--steps_per_call={steps_per_call}",
             f"--report_fd={write_fd}",
         ]
         if group.window:
             command.append(f"--window={group.window}")
-        name = f"{group.workload}-x{group.replicas}-{contender.replace('@', '_')}.log"
+        file_name = contender.replace("@", "_").replace("#", "-")
+        name = f"{group.workload}-x{group.replicas}-{file_name}.log"
         self.log_path = os.path.join(log_dir, name)
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
         with open(self.log_path, "w") as log:
@@ -101,6 +113,14 @@ class Worker:
         self.process.stdin.write("go\n")
         self.process.stdin.flush()
 
+    def turn(self) -> dict:
+        """Lets the worker run its lead-in windows and one timed window; returns the timed."""
+        while True:
+            self.go()
+            window = self.expect("window")
+            if window["timed"]:
+                return window
+
     def close(self) -> None:
         if self.process.poll() is None:
             self.process.kill()
@@ -109,10 +129,13 @@ class Worker:
 
 
 def run_group(
-    group: Group, rounds: int, steps_per_call: int, log_dir: str, echo=print
+    group: Group, rounds: int, steps_per_call: int, log_dir: str, echo=print, lead_in: int = 0
 ) -> list[Result]:
-    """Runs every contender of `group` for `rounds` interleaved windows; returns their results."""
-    workers = [Worker(group, c, rounds, steps_per_call, log_dir) for c in group.contenders]
+    """Runs every contender of `group` for `rounds` interleaved turns; returns their results.
+
+    A turn is `lead_in` untimed windows and one timed window of one contender.
+    """
+    workers = [Worker(group, c, rounds, steps_per_call, log_dir, lead_in) for c in group.contenders]
     results = [Result(group, c) for c in group.contenders]
     try:
         started = time.monotonic()
@@ -126,8 +149,7 @@ def run_group(
             order = list(range(len(workers)))
             random.Random(r).shuffle(order)
             for i in order:
-                workers[i].go()
-                window = workers[i].expect("window")
+                window = workers[i].turn()
                 results[i].rates.append(window["steps"] / window["seconds"])
             echo(f"  round {r + 1}/{rounds} done ({time.monotonic() - started:.0f} s)")
         finishing = time.monotonic()

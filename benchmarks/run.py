@@ -29,13 +29,16 @@ from benchmarks.harness import Group, run_group  # noqa: E402
 
 SINGLE = list(worker.CONTENDERS)
 PLANS = {
-    # name: (rounds, steps_per_call, groups)
+    # name: (rounds, steps_per_call, lead-in windows before each timed one, groups)
     "full": (
         9,
         100,
+        1,
         [
-            Group("mlp", 1, SINGLE),
-            Group("cnn", 1, SINGLE),
+            # Second processes of the reference (and of orbitask on the MLP, where the two are
+            # closest) show the noise floor and are pooled into the ratios of the targets.
+            Group("mlp", 1, [*SINGLE, "reference#2", "orbitask#2"]),
+            Group("cnn", 1, [*SINGLE, "reference#2"]),
             Group("mlp", 2, ["reference", "orbitask", "keras3@N"]),
             Group("cnn", 2, ["reference", "orbitask", "keras3@N"]),
             Group("input", 1, ["reference", "orbitask", "keras3@N"]),
@@ -44,13 +47,14 @@ PLANS = {
     "quick": (
         3,
         100,
+        1,
         [
             Group("mlp", 1, ["reference", "orbitask", "orbitask-quiet", "keras3@N"], 300),
             Group("cnn", 1, ["reference", "orbitask", "keras3@N"]),
             Group("mlp", 2, ["reference", "orbitask"], 300),
         ],
     ),
-    "tiny": (1, 10, [Group("mlp", 1, ["reference", "orbitask"], 20)]),
+    "tiny": (1, 10, 0, [Group("mlp", 1, ["reference", "orbitask"], 20)]),
 }
 
 
@@ -75,33 +79,45 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--quick", action="store_true", help="fewer contenders, 3 rounds")
     mode.add_argument("--tiny", action="store_true", help="1 round of 20 steps (a smoke test)")
     parser.add_argument("--rounds", type=int, help="override the plan's number of rounds")
+    parser.add_argument(
+        "--lead_in", type=int, help="override the plan's untimed windows before each timed one"
+    )
     parser.add_argument("--only", help="comma-separated workloads to run, e.g. mlp,cnn")
     parser.add_argument("--out", help="also write the report (Markdown) to this file")
     parser.add_argument("--logs", help="keep the workers' logs in this folder")
     args = parser.parse_args(argv)
     plan = "tiny" if args.tiny else "quick" if args.quick else "full"
-    rounds, steps_per_call, groups = PLANS[plan]
+    rounds, steps_per_call, lead_in, groups = PLANS[plan]
     rounds = args.rounds or rounds
+    lead_in = lead_in if args.lead_in is None else args.lead_in
     if args.only:
         groups = [g for g in groups if g.workload in args.only.split(",")]
     log_dir = args.logs or tempfile.mkdtemp(prefix="orbitask-bench-logs-")
     os.makedirs(log_dir, exist_ok=True)
     load_before = os.getloadavg()[0]
     started = time.monotonic()
-    _echo(f"benchmarks/run.py: plan {plan}, {rounds} round(s); worker logs in {log_dir}")
-    results = [run_group(g, rounds, steps_per_call, log_dir, echo=_echo) for g in groups]
+    _echo(
+        f"benchmarks/run.py: plan {plan}, {rounds} round(s), {lead_in} lead-in window(s) a turn; "
+        f"worker logs in {log_dir}"
+    )
+    results = [
+        run_group(g, rounds, steps_per_call, log_dir, echo=_echo, lead_in=lead_in) for g in groups
+    ]
     minutes = (time.monotonic() - started) / 60
     command = " ".join(["benchmarks/run.py", *(argv if argv is not None else sys.argv[1:])])
     report = "\n".join(
         [
             f"Measured {machine()}.",
             f"Command: `.venv/bin/python {command.strip()}` ({plan} plan, {rounds} rounds, "
+            f"{lead_in} untimed lead-in window(s) before each timed one, "
             f"{minutes:.1f} min; load average {load_before:.1f} before, "
             f"{os.getloadavg()[0]:.1f} after).",
             "",
             table.markdown(results, steps_per_call),
             "",
-            "Ratios are medians over rounds of the per-round ratio (contenders run interleaved).",
+            "Ratios are medians over rounds of the per-round ratio to the reference (its "
+            "processes averaged), with a 95% bootstrap interval over rounds; contenders run "
+            "interleaved.",
             "",
             *table.targets(results),
         ]

@@ -4,7 +4,8 @@
         --report_fd 5
 
 Protocol: at every window boundary the worker writes one JSON line to `--report_fd`
-(`{"event": "ready"}` after warm-up, then `{"event": "window", "seconds": ..., "steps": ...}`) and
+(`{"event": "ready"}` after warm-up, then `{"event": "window", "seconds": ..., "steps": ...,
+"timed": ...}`; with `--lead_in k` only every (k+1)-th window is timed) and
 blocks reading stdin until the harness writes `go`. At the end it writes
 `{"event": "done", "peak_rss_mb": ..., ...}`. The contender's own output (progress lines,
 `print_loss`) goes to stdout, which the harness sends to a log file, as a CI log would be.
@@ -34,13 +35,22 @@ CONTENDERS = (
 
 
 class Gate:
-    """Reports each window's time and blocks until the harness says `go`. Eager, host side."""
+    """Reports each window's time and blocks until the harness says `go`. Eager, host side.
 
-    def __init__(self, report, steps: int):
+    With `lead_in` k, each turn is k untimed windows, then a timed one: the contender trains
+    on without a pause, so its input buffers reach the level they keep while training (a
+    buffer refilled while other contenders ran would hand the timed window batches made off
+    the clock) and its own start-up work after a pause is done. Every window is reported,
+    the timed ones with `timed: true`.
+    """
+
+    def __init__(self, report, steps: int, lead_in: int = 0):
         self.report = report
         self.steps = steps
+        self.lead_in = lead_in
         self.start: float | None = None
-        self.windows: list[tuple[float, float]] = []
+        self.count = 0  # windows ended so far
+        self.windows: list[tuple[float, float]] = []  # the timed ones
 
     def in_window(self, moment: float) -> bool:
         """Whether `moment` (a `time.perf_counter()` value) fell inside a timed window."""
@@ -58,8 +68,11 @@ class Gate:
         if self.start is None:
             self.send(event="ready")
         else:
-            self.windows.append((self.start, now))
-            self.send(event="window", seconds=now - self.start, steps=self.steps)
+            self.count += 1
+            timed = self.count % (self.lead_in + 1) == 0
+            if timed:
+                self.windows.append((self.start, now))
+            self.send(event="window", seconds=now - self.start, steps=self.steps, timed=timed)
         command = sys.stdin.readline().strip()
         if command != "go":
             raise SystemExit(f"worker: expected 'go' from the harness, got {command!r}")
@@ -73,15 +86,21 @@ def peak_rss_mb() -> float:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--contender", choices=CONTENDERS, required=True)
+    parser.add_argument(
+        "--contender", required=True, help="one of CONTENDERS; `name#k`: its k-th process"
+    )
     parser.add_argument("--workload", required=True)
     parser.add_argument("--replicas", type=int, default=1)
-    parser.add_argument("--windows", type=int, required=True)
+    parser.add_argument("--windows", type=int, required=True, help="all windows, lead-ins too")
+    parser.add_argument("--lead_in", type=int, default=0, help="untimed windows before each")
     parser.add_argument("--window", type=int, help="steps per window (default: the workload's)")
     parser.add_argument("--steps_per_call", type=int, default=100)
     parser.add_argument("--report_fd", type=int, required=True)
     args = parser.parse_args(argv)
     report = os.fdopen(args.report_fd, "w")
+    name = args.contender.split("#")[0]  # "reference#2": a second process of the same contender
+    if name not in CONTENDERS:
+        parser.error(f"--contender: {name!r} is not one of {', '.join(CONTENDERS)}")
 
     import dataclasses
 
@@ -97,9 +116,8 @@ def main(argv: list[str] | None = None) -> None:
     workload = workloads.WORKLOADS[args.workload]
     if args.window:
         workload = dataclasses.replace(workload, window=args.window)
-    gate = Gate(report, workload.window)
+    gate = Gate(report, workload.window, args.lead_in)
     common = dict(workload=workload, replicas=args.replicas, gate=gate, windows=args.windows)
-    name = args.contender
     n = args.steps_per_call
     if name == "reference":
         extra = contenders.run_reference(**common, steps_per_call=n)

@@ -1,0 +1,69 @@
+"""The harness's statistics: processes of one contender pooled, bootstrap intervals, lead-ins."""
+
+import io
+import json
+import sys
+
+import pytest
+
+from benchmarks import table, worker
+from benchmarks.harness import Group, Result
+
+GROUP = Group("mlp", 1, ["reference", "reference#2", "orbitask"])
+
+
+def _result(name, rates, rss=100.0):
+    return Result(GROUP, name, rates=list(rates), peak_rss_mb=rss)
+
+
+def test_processes_of_one_contender_are_pooled_round_by_round():
+    results = [
+        _result("reference", [100, 200, 300], rss=100),
+        _result("reference#2", [110, 180, 330], rss=120),
+        _result("orbitask", [1, 2, 3]),
+    ]
+    ref = table.pooled(results, "reference")
+    assert ref.rates == pytest.approx([105, 190, 315])
+    assert ref.peak_rss_mb == pytest.approx(110)
+    assert table.pooled(results, "orbitask") is results[2]
+    assert table.pooled(results, "keras3@N") is None
+
+
+def test_the_interval_brackets_the_median_and_narrows_with_more_rounds():
+    base = _result("reference", [100.0] * 40)
+    noisy = [95, 99, 97, 101, 96, 98, 100, 94] * 5
+    wide = table.ratio_interval(_result("orbitask", noisy[:8]), _result("reference", [100.0] * 8))
+    narrow = table.ratio_interval(_result("orbitask", noisy), base)
+    median = table.paired_ratio(_result("orbitask", noisy), base)
+    assert narrow[0] <= median <= narrow[1]
+    assert narrow[1] - narrow[0] < wide[1] - wide[0]
+    assert table.ratio_interval(_result("x", [90.0] * 5), _result("y", [100.0] * 5)) == (
+        pytest.approx(0.9),
+        pytest.approx(0.9),
+    )
+
+
+def test_the_table_names_second_processes_and_reports_the_noise_floor():
+    results = [
+        _result("reference", [100, 100, 100]),
+        _result("reference#2", [96, 96, 96]),
+        _result("orbitask", [98, 98, 98]),
+    ]
+    text = table.markdown([results], 100)
+    assert "| hand-written loop, 100 steps/call (reference), process 2 | 96.0 |" in text
+    assert "| orbitask default | 98.0 | 98.0-98.0 | 1.000 (1.000-1.000) |" in text
+    lines = table.targets([results])
+    assert any("noise floor: each reference process / their mean: 1.020, 0.980" in x for x in lines)
+    assert "- [met] mlp x1 orbitask / reference: 1.000 (95% interval 1.000-1.000" in lines[1]
+
+
+def test_a_gate_with_a_lead_in_times_every_second_window(monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("go\n" * 5))
+    report = io.StringIO()
+    gate = worker.Gate(report, steps=10, lead_in=1)
+    for _ in range(5):
+        gate()
+    events = [json.loads(line) for line in report.getvalue().splitlines()]
+    assert [e["event"] for e in events] == ["ready"] + ["window"] * 4
+    assert [e["timed"] for e in events[1:]] == [False, True, False, True]
+    assert len(gate.windows) == 2
