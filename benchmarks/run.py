@@ -1,7 +1,8 @@
 """Throughput benchmark: orbitask against a hand-written loop and Keras `fit`, same everything.
 
-    .venv/bin/python benchmarks/run.py            # the full table (9 rounds, ~6 min, 2 quiet cores)
-    .venv/bin/python benchmarks/run.py --quick    # fewer contenders, 3 rounds (~1 min)
+    .venv/bin/python benchmarks/run.py            # the full table (9 rounds, 10-14 min on 2 cores)
+    .venv/bin/python benchmarks/run.py --quick    # fewer contenders, 3 rounds (~2 min)
+    .venv/bin/python benchmarks/run.py --pooled   # one device, 3 processes a side (~7 min)
     .venv/bin/python benchmarks/run.py --tiny     # 1 round of 20 steps: proves the harness works
 
 Prints a Markdown table (steps/s after warm-up, compile excluded: median and min-max over
@@ -28,6 +29,8 @@ from benchmarks import table, worker  # noqa: E402
 from benchmarks.harness import Group, run_group  # noqa: E402
 
 SINGLE = list(worker.CONTENDERS)
+TWO = ("reference", "orbitask")
+MODELS = ("mlp", "cnn")
 PLANS = {
     # name: (rounds, steps_per_call, lead-in windows before each timed one, groups)
     "full": (
@@ -54,6 +57,13 @@ PLANS = {
             Group("mlp", 2, ["reference", "orbitask"], 300),
         ],
     ),
+    # The one-device targets only, each side in 3 processes: the narrowest interval per minute.
+    "pooled": (
+        15,
+        100,
+        1,
+        [Group(w, 1, [f"{c}#{k}" if k > 1 else c for c in TWO for k in (1, 2, 3)]) for w in MODELS],
+    ),
     "tiny": (1, 10, 0, [Group("mlp", 1, ["reference", "orbitask"], 20)]),
 }
 
@@ -78,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="fewer contenders, 3 rounds")
     mode.add_argument("--tiny", action="store_true", help="1 round of 20 steps (a smoke test)")
+    mode.add_argument(
+        "--pooled", action="store_true", help="one device, reference and orbitask x3 processes"
+    )
     parser.add_argument("--rounds", type=int, help="override the plan's number of rounds")
     parser.add_argument(
         "--lead_in", type=int, help="override the plan's untimed windows before each timed one"
@@ -86,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="also write the report (Markdown) to this file")
     parser.add_argument("--logs", help="keep the workers' logs in this folder")
     args = parser.parse_args(argv)
-    plan = "tiny" if args.tiny else "quick" if args.quick else "full"
+    plan = "tiny" if args.tiny else "quick" if args.quick else "pooled" if args.pooled else "full"
     rounds, steps_per_call, lead_in, groups = PLANS[plan]
     rounds = args.rounds or rounds
     lead_in = lead_in if args.lead_in is None else args.lead_in

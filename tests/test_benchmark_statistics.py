@@ -67,3 +67,15 @@ def test_a_gate_with_a_lead_in_times_every_second_window(monkeypatch):
     assert [e["event"] for e in events] == ["ready"] + ["window"] * 4
     assert [e["timed"] for e in events[1:]] == [False, True, False, True]
     assert len(gate.windows) == 2
+
+
+def test_every_plan_names_known_contenders_and_keeps_a_reference():
+    from benchmarks.run import PLANS
+
+    for plan, (rounds, _, lead_in, groups) in PLANS.items():
+        assert rounds >= 1 and lead_in >= 0, plan
+        for group in groups:
+            assert "reference" in group.contenders, (plan, group)
+            assert len(set(group.contenders)) == len(group.contenders), (plan, group)
+            for name in group.contenders:
+                assert name.split("#")[0] in worker.CONTENDERS, (plan, name)
