@@ -41,6 +41,11 @@ class Group:
     window: int | None = None  # steps per window; None: the workload's default
 
 
+def base_name(contender: str) -> str:
+    """The contender a process runs: `orbitask#2` (a second process of it) -> `orbitask`."""
+    return contender.split("#")[0]
+
+
 @dataclasses.dataclass
 class Result:
     """What one contender measured: steps/s of each round, peak RSS and extra figures."""
@@ -56,7 +61,13 @@ class Worker:
     """A `benchmarks.worker` process and the pipe it reports on. Eager, host side."""
 
     def __init__(
-        self, group: Group, contender: str, rounds: int, steps_per_call: int, log_dir, lead_in=0
+        self,
+        group: Group,
+        contender: str,
+        rounds: int,
+        steps_per_call: int,
+        log_dir: str,
+        lead_in: int = 0,
     ):
         read_fd, write_fd = os.pipe()
         command = [

@@ -6,7 +6,7 @@ import dataclasses
 import random
 import statistics
 
-from benchmarks.harness import Result
+from benchmarks.harness import Result, base_name
 
 WORKLOAD_TITLES = {
     "mlp": "MLP, digits, batch 128 (overhead-bound)",
@@ -54,13 +54,18 @@ def ratio_interval(
     return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
 
 
+def processes(results: list[Result], name: str) -> list[Result]:
+    """The results of contender `name`'s processes (`name`, `name#2`, ...)."""
+    return [r for r in results if base_name(r.contender) == name]
+
+
 def pooled(results: list[Result], name: str) -> Result | None:
     """Contender `name` over all its processes (`name`, `name#2`, ...): each round's mean rate.
 
     Processes of one contender differ by a few percent for their whole life (benchmarks/
     RESULTS.md); averaging several is what narrows that. Returns None when `name` did not run.
     """
-    runs = [r for r in results if r.contender.split("#")[0] == name]
+    runs = processes(results, name)
     if not runs:
         return None
     if len(runs) == 1:
@@ -82,7 +87,7 @@ def _ratio_text(result: Result, base: Result) -> str:
 
 
 def _by_name(results: list[Result]) -> dict[str, Result]:
-    names = {r.contender.split("#")[0] for r in results}
+    names = {base_name(r.contender) for r in results}
     return {name: pooled(results, name) for name in names}
 
 
@@ -123,7 +128,7 @@ def targets(groups: list[list[Result]]) -> list[str]:
         by = _by_name(results)
         where = f"{results[0].group.workload} x{results[0].group.replicas}"
         ref, orb = by.get("reference"), by.get("orbitask")
-        copies = [r for r in results if r.contender.split("#")[0] == "reference"]
+        copies = processes(results, "reference")
         if len(copies) > 1:
             each = ", ".join(f"{paired_ratio(r, ref):.3f}" for r in copies)
             out.append(

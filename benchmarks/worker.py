@@ -98,7 +98,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--report_fd", type=int, required=True)
     args = parser.parse_args(argv)
     report = os.fdopen(args.report_fd, "w")
-    name = args.contender.split("#")[0]  # "reference#2": a second process of the same contender
+    from benchmarks.harness import base_name
+
+    name = base_name(args.contender)
     if name not in CONTENDERS:
         parser.error(f"--contender: {name!r} is not one of {', '.join(CONTENDERS)}")
 
