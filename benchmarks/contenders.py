@@ -44,10 +44,12 @@ def _mirrored_or_one_device(replicas: int) -> tf.distribute.Strategy:
     )
 
 
-def run_reference(
-    workload: workloads.Workload, replicas: int, gate: Gate, windows: int, steps_per_call: int
-) -> dict:
-    """The hand-written loop: `steps_per_call` steps per `tf.function` call. Eager driver."""
+def reference_loop(workload: workloads.Workload, replicas: int) -> tuple[Callable, object]:
+    """Builds the hand-written loop; returns `(train_loop, iterator)`. Eager.
+
+    `train_loop(iterator, num_steps)` is a `tf.function` running `num_steps` steps and
+    returning the last step's loss summed over replicas.
+    """
     strategy = _mirrored_or_one_device(replicas)
     global_batch = workload.global_batch
     with strategy.scope():
@@ -97,6 +99,14 @@ def run_reference(
             per_replica = step(iterator)
         return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
+    return train_loop, iterator
+
+
+def run_reference(
+    workload: workloads.Workload, replicas: int, gate: Gate, windows: int, steps_per_call: int
+) -> dict:
+    """The hand-written loop: `steps_per_call` steps per `tf.function` call. Eager driver."""
+    train_loop, iterator = reference_loop(workload, replicas)
     calls = workload.window // steps_per_call
     num_steps = tf.constant(steps_per_call)
     for _ in range(windows + 1):

@@ -47,6 +47,13 @@ def ratio_interval(
 ) -> tuple[float, float]:
     """A 95% bootstrap interval of `paired_ratio` (rounds resampled with replacement)."""
     ratios = [a / b for a, b in zip(result.rates, base.rates, strict=True)]
+    return median_interval(ratios, resamples, seed)
+
+
+def median_interval(
+    ratios: list[float], resamples: int = 2000, seed: int = 0
+) -> tuple[float, float]:
+    """A 95% bootstrap interval of the median of per-round `ratios`."""
     rng = random.Random(seed)
     medians = sorted(
         statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(resamples)
