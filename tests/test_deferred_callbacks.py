@@ -136,3 +136,33 @@ def test_periodic_writes_run_on_a_background_thread_and_write_pending_waits_for_
         by_tag.setdefault(tag, {})[at] = value
     assert sorted(by_tag["grad_norm"]) == [10, 20, 30, 35]
     assert by_tag["loss"] == pytest.approx({5: 0.1, 15: 0.05, 25: 1 / 30, 30: 1 / 35})
+
+
+class ExtraLogs(TinyTask):
+    """The default step plus an int32 log and a vector log; `every` sets `every_steps`."""
+
+    def __init__(self, every, **kwargs):
+        super().__init__(**kwargs)
+        self.every = every
+
+    def every_steps(self):
+        return self.every
+
+    def train_step(self, batch, model, optimizer, metrics=None, **kwargs):
+        logs = super().train_step(batch, model, optimizer, metrics, **kwargs)
+        pair = tf.stack([logs["loss"], 2 * logs["loss"]])
+        return {**logs, "seven": tf.constant(7, tf.int32), "pair": pair}
+
+
+@pytest.mark.parametrize("steps", [1, 23])
+def test_a_recording_loop_returns_the_last_steps_logs_like_a_plain_one(tmp_path, steps):
+    # The recording loop rebuilds the last step's scalar logs from its history row.
+    recorded = _train(
+        ExtraLogs({3: callbacks.print_loss}), tmp_path / "r", seed=1, train_steps=steps
+    )
+    plain = _train(ExtraLogs({}), tmp_path / "p", seed=1, train_steps=steps)
+    assert recorded["train"]["loss"] == plain["train"]["loss"]
+    assert recorded["train"]["grad_norm"] == plain["train"]["grad_norm"]
+    assert recorded["train"]["seven"] == plain["train"]["seven"] == 7
+    loss = recorded["train"]["loss"]
+    assert recorded["train"]["pair"].tolist() == pytest.approx([loss, 2 * loss])
