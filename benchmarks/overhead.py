@@ -10,7 +10,9 @@ trained for 2 loops first) and times, on ONE iterator that all of them read:
 - the hand-written loop (`contenders.reference_loop`);
 - orbitask's device-loop function (its step, the step counter, the history `print_loss` reads);
 - `TaskTrainer.train`: that plus the trainer's host work of a loop;
-- the Controller's loop body: that plus callbacks, progress display, summaries, checkpoint check.
+- the Controller's loop body: that plus callbacks, progress display, summaries, checkpoint check;
+- the same for a run with the default callbacks and the progress display off, which gives
+  their cost (the `print_loss` history recorded in the loop included).
 
 Each round calls every variant once for `--steps_per_call` steps, in a shuffled order. A
 variant's figure is the median over rounds of reference time / its time, with a 95% bootstrap
@@ -33,8 +35,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def build_orbitask(workload, steps_per_call: int, model_dir: str):
-    """A default orbitask run of `workload`, trained 2 loops; returns its Controller. Eager."""
+def build_orbitask(workload, steps_per_call: int, model_dir: str, quiet: bool = False):
+    """A default orbitask run of `workload`, trained 2 loops; returns its Controller. Eager.
+
+    `quiet`: the default callbacks and the progress display off.
+    """
     import gin
 
     import trainers.runner
@@ -54,11 +59,12 @@ def build_orbitask(workload, steps_per_call: int, model_dir: str):
             f"TRAIN_STEPS = {2 * steps_per_call}",
             f"orbitask.run_experiment.global_batch_size = {workload.global_batch}",
             f"orbitask.run_experiment.steps_per_loop = {steps_per_call}",
+            f"orbitask.run_experiment.progress = {not quiet}",
         ],
     )
     original, trainers.runner.Controller = trainers.runner.Controller, Recorded
     try:
-        task = BenchTask(workload.name, lambda: None, [], callbacks=True)
+        task = BenchTask(workload.name, lambda: None, [], callbacks=not quiet)
         trainers.runner.run_experiment(task=task, model_dir=model_dir, mode="train")
     finally:
         trainers.runner.Controller = original
@@ -110,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     import tensorflow as tf
 
     from benchmarks import contenders, workloads
+    from benchmarks.table import median_interval
 
     workload = workloads.WORKLOADS[args.workload]
     k = args.steps_per_call
@@ -120,35 +127,53 @@ def main(argv: list[str] | None = None) -> int:
         open(os.devnull, "w") as quiet,
         contextlib.redirect_stdout(quiet),  # progress display and print_loss
     ):
-        controller = build_orbitask(workload, k, model_dir)
-        trainer = controller.trainer
-        trainer._train_iter = shared  # noqa: SLF001
+        default = build_orbitask(workload, k, os.path.join(model_dir, "default"))
+        silent = build_orbitask(workload, k, os.path.join(model_dir, "quiet"), quiet=True)
+        trainer = default.trainer
         loop_fn = trainer._train_loop_fn  # noqa: SLF001
-        step = [int(controller.global_step.numpy())]
 
-        def counted(call):
+        steps = {}  # controller -> its global step (one count for all its variants)
+        for controller in (default, silent):
+            steps[controller] = int(controller.global_step.numpy())
+            controller.trainer._train_iter = shared  # noqa: SLF001
+
+        def counted(controller, call):
             def run():
-                call()
-                step[0] += k
+                call(steps[controller])
+                steps[controller] += k
 
             return run
 
-        def controller_loop():  # the body of Controller.train's loop
-            controller._train_n_steps(k, step[0])  # noqa: SLF001
-            controller._maybe_save_checkpoint()  # noqa: SLF001
+        def controller_loop(controller):  # the body of Controller.train's loop
+            def run(step):
+                controller._train_n_steps(k, step)  # noqa: SLF001
+                controller._maybe_save_checkpoint()  # noqa: SLF001
+
+            return counted(controller, run)
 
         variants = {
             "hand-written loop (reference)": lambda: float(reference(shared, num_steps)),
             "orbitask loop function": counted(
-                lambda: float(loop_fn(shared, num_steps)["logs"]["loss"])
+                default, lambda _: float(loop_fn(shared, num_steps)["logs"]["loss"])
             ),
-            "+ TaskTrainer.train (host work)": counted(lambda: trainer.train(num_steps)),
-            "+ Controller (callbacks, progress, ...)": counted(controller_loop),
+            "+ TaskTrainer.train (host work)": counted(default, lambda _: trainer.train(num_steps)),
+            "+ Controller (callbacks, progress, ...)": controller_loop(default),
+            "Controller, callbacks + progress off": controller_loop(silent),
         }
         times = measure(variants, args.rounds)
     print(f"{args.workload}: {args.rounds} rounds of {k} steps per variant, one shared iterator")
     print(f"{'variant':40s} {'median':>13s}  ratio (95% interval)  cost")
     print("\n".join(report(times, k)))
+    on, off = (
+        times["+ Controller (callbacks, progress, ...)"],
+        times["Controller, callbacks + progress off"],
+    )
+    costs = [a / b - 1 for a, b in zip(on, off, strict=True)]
+    low, high = median_interval(costs)
+    print(
+        f"cost of the default callbacks + progress: {100 * statistics.median(costs):+.1f}% "
+        f"of the step time (95% interval {100 * low:+.1f}% to {100 * high:+.1f}%)"
+    )
     return 0
 
 

@@ -32,6 +32,30 @@ def test_tiny_benchmark_prints_the_table(tmp_path):
     assert "Command: `.venv/bin/python benchmarks/run.py --tiny" in text
 
 
+def test_overhead_benchmark_times_every_variant_on_one_iterator():
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/overhead.py", "--rounds=3", "--steps_per_call=10"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "mlp: 3 rounds of 10 steps per variant, one shared iterator"
+    names = [
+        "hand-written loop (reference)",
+        "orbitask loop function",
+        "+ TaskTrainer.train (host work)",
+        "+ Controller (callbacks, progress, ...)",
+        "Controller, callbacks + progress off",
+    ]
+    for name, line in zip(names, lines[2:7], strict=True):
+        assert line.startswith(name) and "steps/s" in line, line
+    assert lines[2].split()[-4] == "1.000"  # the reference against itself
+    assert lines[7].startswith("cost of the default callbacks + progress: ")
+
+
 def _loss(tmp_path, name, **kwargs):
     logs = run_experiment(
         TinyTask(),
