@@ -82,7 +82,7 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         # Per-loop host state lives in a plain object: an attribute set on this tf.Module is
         # tracked (a dict or tuple is wrapped), which cost ~0.25 ms after every device loop.
         self._loop = _LoopRecord()
-        self._history_keys: list[tuple[str, tf.DType]] = []
+        self._history_keys: list[str] = []
         self._sync_in_loop = True  # the loop copies `lr` into the optimizer (ParameterServer: host)
         self._count_each_step = True  # set per loop function: see `create_train_loop_fn`
         self.nan_guard = nan_guard
@@ -136,8 +136,7 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         if "history" in out:
             rows = out.pop("history").numpy()
             first = loop.last_step - len(rows) + 1
-            names = [k for k, _ in self._history_keys]
-            loop.history = (first, dict(zip(names, rows.T, strict=True)))
+            loop.history = (first, dict(zip(self._history_keys, rows.T, strict=True)))
         return self.train_loop_end(out)
 
     @property
@@ -163,14 +162,9 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         return self._loop.history
 
     def _history_row(self, logs: dict) -> tf.Tensor:
-        """The step's scalar logs as one float32 vector (traced); `(name, dtype)` of each in
-        `_history_keys`."""
-        self._history_keys = sorted((k, v.dtype) for k, v in logs.items() if v.shape.rank == 0)
-        return tf.stack([tf.cast(logs[k], tf.float32) for k, _ in self._history_keys])
-
-    @staticmethod
-    def _non_scalar(logs: dict) -> dict:
-        return {k: v for k, v in logs.items() if v.shape.rank != 0}
+        """The step's scalar logs as one float32 vector (traced); names in `_history_keys`."""
+        self._history_keys = sorted(k for k, v in logs.items() if v.shape.rank == 0)
+        return tf.stack([tf.cast(logs[k], tf.float32) for k in self._history_keys])
 
     def create_train_loop_fn(self):
         """A tf.function running `num_steps` steps and returning the last step's logs."""
@@ -233,22 +227,16 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         def recording_loop(iterator, num_steps):
             if sync:
                 keras_compat.sync_learning_rate(self.optimizer, self.lr)
-            # The loop carries the history, not the logs: the last step's scalar logs are its
-            # last row (one loop variable fewer per step), the others are carried as they are.
             logs = step(iterator)
             history = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
             history = history.write(0, record(logs))
-            rest = self._non_scalar(logs)
             i = tf.ones_like(num_steps)
             while more(i, num_steps):
                 logs = step(iterator)
                 history = history.write(i, record(logs))
-                rest = self._non_scalar(logs)
                 i += 1
             count(i)
-            last = history.read(i - 1)
-            logs = {k: tf.cast(last[j], dtype) for j, (k, dtype) in enumerate(self._history_keys)}
-            return self._loop_output({**logs, **rest}, history.stack())
+            return self._loop_output(logs, history.stack())
 
         return recording_loop if record else loop
 
