@@ -84,7 +84,6 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         self._loop = _LoopRecord()
         self._history_keys: list[str] = []
         self._sync_in_loop = True  # the loop copies `lr` into the optimizer (ParameterServer: host)
-        self._count_each_step = True  # set per loop function: see `create_train_loop_fn`
         self.nan_guard = nan_guard
         self.accumulation = gradient_accumulation_steps
         self.learning_rate = learning_rate
@@ -178,14 +177,6 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
 
         record = self._history_row if self.record_history else None
         sync = self._sync_in_loop
-        # A while loop adds its step count to `global_step` once, after the loop, unless a
-        # learning-rate schedule reads the step inside it (a per-step add cost the MLP ~0.3%).
-        once = self._use_tf_while_loop and self.learning_rate is None
-        self._count_each_step = not once
-
-        def count(steps):
-            if once:
-                self.global_step.assign_add(tf.cast(steps, self.global_step.dtype))
 
         if not self._use_tf_while_loop:
             step_fn = tf.function(step)
@@ -220,7 +211,6 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
             while more(i, num_steps):  # a tripped NaN guard hands over to the host
                 logs = step(iterator)
                 i += 1
-            count(i)
             return self._loop_output(logs)
 
         @tf.function
@@ -235,7 +225,6 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
                 logs = step(iterator)
                 history = history.write(i, record(logs))
                 i += 1
-            count(i)
             return self._loop_output(logs, history.stack())
 
         return recording_loop if record else loop
@@ -282,22 +271,15 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         return self._finish_step(self.strategy.run(self._replica_fn, args=(batch,)))
 
     def _finish_step(self, per_replica_logs, extra=None):
-        """Cross-replica, traced: logs averaged over replicas, EMA moved, step counted (unless
-        the loop counts its steps at its end)."""
-        if self.strategy.num_replicas_in_sync == 1 and not any(
-            isinstance(v, tf.distribute.DistributedValues) for v in per_replica_logs.values()
-        ):
-            logs = dict(per_replica_logs)  # one replica's logs are their mean: no op needed
-        else:
-            logs = {
-                k: self.strategy.reduce(tf.distribute.ReduceOp.MEAN, v, axis=None)
-                for k, v in per_replica_logs.items()
-            }
+        """Cross-replica, traced: logs averaged over replicas, EMA moved, step counted."""
+        logs = {
+            k: self.strategy.reduce(tf.distribute.ReduceOp.MEAN, v, axis=None)
+            for k, v in per_replica_logs.items()
+        }
         logs.update(extra or {})
         if self.ema is not None:
             self.ema.update()
-        if self._count_each_step:
-            self.global_step.assign_add(1)
+        self.global_step.assign_add(1)
         return logs
 
     def _step_arguments(self, batch) -> tuple[tuple, dict]:
