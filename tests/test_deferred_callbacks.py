@@ -156,7 +156,7 @@ class ExtraLogs(TinyTask):
 
 @pytest.mark.parametrize("steps", [1, 23])
 def test_a_recording_loop_returns_the_last_steps_logs_like_a_plain_one(tmp_path, steps):
-    # The recording loop rebuilds the last step's scalar logs from its history row.
+    # A loop that records each step's logs for deferred callbacks returns the same last logs.
     recorded = _train(
         ExtraLogs({3: callbacks.print_loss}), tmp_path / "r", seed=1, train_steps=steps
     )
