@@ -11,6 +11,12 @@ trainers/inputs.py). orbitask replaces a final `prefetch(tf.data.AUTOTUNE)` by
 the size of every kept checkpoint for: the autotuned buffer kept, the same pipeline with
 orbitask's default, and a pipeline written with `prefetch(2)` (default configuration but a
 checkpoint every 100 steps, callbacks off so the output stays short).
+
+    .venv/bin/python benchmarks/checkpoint_growth.py --big_batches
+
+instead saves the input position alone for batches of 32 and 128 random 224x224x3 float32
+images (18.4 and 73.5 MiB) ending in `prefetch(AUTOTUNE)`: with orbitask's default (4 steps, at
+most `Task.train_prefetch_bytes` = 64 MiB of them, at least one) and without the byte bound.
 """
 
 from __future__ import annotations
@@ -43,8 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", default="input", choices=["mlp", "cnn", "input"])
     parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--big_batches", action="store_true")
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if args.big_batches:
+        return big_batches()
     import tensorflow as tf
 
     from benchmarks import workloads
@@ -85,6 +94,44 @@ def main(argv: list[str] | None = None) -> int:
             f"every 100 steps: {' '.join(map(str, sizes))}",
             flush=True,
         )
+    return 0
+
+
+def big_batches() -> int:
+    """Prints the saved input position's size for big batches, with and without the byte bound.
+    Eager."""
+    import tensorflow as tf
+
+    from tasks import Task
+    from trainers import inputs
+
+    class Images(Task):
+        def build_inputs(self, per_replica_batch_size, input_context=None, training=True):
+            def image(i):
+                return tf.random.stateless_uniform([224, 224, 3], seed=tf.stack([i, i]))
+
+            images = tf.data.Dataset.range(10**6).map(image, num_parallel_calls=2)
+            return images.batch(per_replica_batch_size).prefetch(tf.data.AUTOTUNE)
+
+    settings = (("default (64 MiB)", 64 * 2**20), ("train_prefetch_bytes=None", None))
+    for batch in (32, 128):
+        for label, limit in settings:
+            task = Images(train_prefetch_bytes=limit)
+            iterator = inputs.train_iterator(task, tf.distribute.get_strategy(), batch)
+            next(iterator)
+            time.sleep(5)  # the prefetch thread fills its buffer
+            with tempfile.TemporaryDirectory() as directory:
+                started = time.perf_counter()
+                path = tf.train.Checkpoint(iterator=iterator).write(os.path.join(directory, "c"))
+                seconds = time.perf_counter() - started
+                files = tf.io.gfile.glob(path + "*")
+                mib = sum(tf.io.gfile.stat(f).length for f in files) / 2**20
+            print(
+                f"batches of {batch * 224 * 224 * 3 * 4 / 2**20:.1f} MiB, {label}: "
+                f"input position {mib:.0f} MiB, saved in {seconds:.2f} s",
+                flush=True,
+            )
+            del iterator
     return 0
 
 

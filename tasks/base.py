@@ -53,10 +53,14 @@ class Task:
       optimizer_epsilon: epsilon of the default Nadam optimizer. Seed default 1e-3.
       max_to_keep: checkpoints kept by the default `build_checkpoint`. Seed default 50.
       keras_flavour: "keras" (Keras 3, `tf.keras`) or "tf_keras"; None follows the built model.
-      train_prefetch: batches the training input prefetches where `build_inputs` (or
-        `make_batches`) ends it with `prefetch(tf.data.AUTOTUNE)`: every checkpoint saves that
-        buffer, and an autotuned one grows without bound (README, Performance). Default 4
-        (2 cost the MLP benchmark up to 5%); None keeps the autotuned buffer.
+      train_prefetch: steps of training input prefetched (each step's elements: one per replica,
+        times the gradient accumulation) where `build_inputs` (or `make_batches`) ends it with
+        `prefetch(tf.data.AUTOTUNE)`: every checkpoint saves that buffer, and an autotuned one
+        grows without bound (README, Performance). Default 4 (2 cost the MLP benchmark up to
+        5%); None keeps the autotuned buffer.
+      train_prefetch_bytes: at most this many bytes of prefetched elements, but at least one
+        step's (big batches: 4 batches of 147 MiB would be in every checkpoint). Default 64 MiB;
+        None: no byte bound. Sizes come from the element spec (unknown sizes: no bound).
       name: a name for logs.
     """
 
@@ -67,6 +71,7 @@ class Task:
         max_to_keep: int = 50,
         keras_flavour: str | None = None,
         train_prefetch: int | None = 4,
+        train_prefetch_bytes: int | None = 64 * 2**20,
         name: str | None = None,
     ):
         if clip_norm is not None and not clip_norm > 0:
@@ -79,6 +84,13 @@ class Task:
                 f"`train_prefetch` must be a positive int or None; received {train_prefetch!r}. "
                 "Set Task.train_prefetch in your .gin file."
             )
+        if train_prefetch_bytes is not None and not (
+            type(train_prefetch_bytes) is int and train_prefetch_bytes > 0
+        ):
+            raise ValueError(
+                "`train_prefetch_bytes` must be a positive int or None; received "
+                f"{train_prefetch_bytes!r}. Set Task.train_prefetch_bytes in your .gin file."
+            )
         if keras_flavour not in (None, *keras_compat.FLAVOURS):
             raise ValueError(
                 f"`keras_flavour` must be None, 'keras' or 'tf_keras'; received {keras_flavour!r}."
@@ -88,6 +100,7 @@ class Task:
         self.max_to_keep = max_to_keep
         self.keras_flavour = keras_flavour
         self.train_prefetch = train_prefetch
+        self.train_prefetch_bytes = train_prefetch_bytes
         self.name = name or type(self).__name__
 
     # ----------------------------------------------------------------------------------------

@@ -133,6 +133,10 @@ def test_typo_in_a_gin_file_names_the_binding_and_the_file(tmp_path):
             "`train_prefetch` must be a positive int or None; received 0",
         ),
         (
+            ["--gin_params=orbitask.Task.train_prefetch_bytes=1.5"],
+            "`train_prefetch_bytes` must be a positive int or None; received 1.5",
+        ),
+        (
             ["--gin_params=orbitask.run_experiment.steps_per_loop=0"],
             "`steps_per_loop` must be a positive integer; received 0",
         ),
@@ -143,6 +147,7 @@ def test_typo_in_a_gin_file_names_the_binding_and_the_file(tmp_path):
         "task_not_a_task",
         "bad_clip_norm",
         "zero_train_prefetch",
+        "float_train_prefetch_bytes",
         "zero_steps_per_loop",
         "unknown_flag",
         "no_model_dir",

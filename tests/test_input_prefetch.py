@@ -7,6 +7,8 @@ orbitask replaces one that ends the training pipeline by `prefetch(Task.train_pr
 from __future__ import annotations
 
 import logging
+import os
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -74,3 +76,72 @@ def test_the_train_iterator_prefetches_train_prefetch_batches_unless_none():
     assert inputs.autotuned_prefetches(kept._dataset) == 1
     first = next(default)
     np.testing.assert_array_equal(first[0].numpy(), next(kept)[0].numpy())
+
+
+def _top_prefetch_depth(iterator) -> int:
+    top = iterator._dataset
+    while not hasattr(top, "_buffer_size"):  # options datasets on top
+        top = top._input_dataset
+    return int(tf.get_static_value(top._buffer_size))
+
+
+def test_two_replicas_prefetch_train_prefetch_steps_of_elements():
+    strategy = tf.distribute.MirroredStrategy(
+        [d.name for d in tf.config.list_logical_devices("CPU")[:2]]
+    )
+    with strategy.scope():
+        two = inputs.train_iterator(AutotunedTask(), strategy, 16)
+        accumulating = inputs.train_iterator(AutotunedTask(), strategy, 16, accumulation=3)
+
+    assert _top_prefetch_depth(two) == 4 * 2
+    assert _top_prefetch_depth(accumulating) == 4 * 2 * 3
+
+
+class BigBatchTask(TinyTask):
+    """Batches of `per_replica x 512 x 512` random float32 (1 MiB an example; checkpoints
+    compress their buffers, so constant examples would take no room)."""
+
+    def build_inputs(self, per_replica_batch_size, input_context=None, training=True):
+        def example(i):
+            return tf.random.stateless_uniform([512, 512], seed=tf.stack([i, i]))
+
+        ds = tf.data.Dataset.range(10**6).map(example)
+        return ds.batch(per_replica_batch_size).prefetch(tf.data.AUTOTUNE)
+
+
+def _checkpoint_mib(iterator, directory) -> float:
+    # Let the prefetch thread fill its buffer (a few MiB of tf.fill: milliseconds) first.
+    next(iterator)
+    time.sleep(1.0)
+    path = tf.train.Checkpoint(iterator=iterator).write(str(directory / "ckpt"))
+    return sum(os.path.getsize(f) for f in tf.io.gfile.glob(path + "*")) / 2**20
+
+
+def test_big_batches_prefetch_fewer_elements_and_checkpoints_stay_under_the_byte_bound(tmp_path):
+    strategy = tf.distribute.get_strategy()
+    # 3 MiB a batch: 4 would be 12 MiB; a 7 MiB bound leaves 2; at least one step's (1) stays.
+    bounded = inputs.train_iterator(BigBatchTask(train_prefetch_bytes=7 * 2**20), strategy, 3)
+    tiny_bound = inputs.train_iterator(BigBatchTask(train_prefetch_bytes=1), strategy, 3)
+    unbounded = inputs.train_iterator(BigBatchTask(train_prefetch_bytes=None), strategy, 3)
+
+    assert _top_prefetch_depth(bounded) == 2
+    assert _top_prefetch_depth(tiny_bound) == 1
+    assert _top_prefetch_depth(unbounded) == 4
+    (tmp_path / "bounded").mkdir()
+    (tmp_path / "unbounded").mkdir()
+    # Checkpoints also hold tf.data's own in-flight batches (a fused map-and-batch keeps 2);
+    # the bound takes 2 of the 4 prefetched batches (6 MiB) out of every one.
+    saved = _checkpoint_mib(unbounded, tmp_path / "unbounded")
+    assert saved - _checkpoint_mib(bounded, tmp_path / "bounded") > 5.5
+
+
+def test_element_bytes_counts_the_batch_and_gives_up_on_unknown_sizes():
+    images = tf.TensorSpec([None, 224, 224, 3], tf.uint8)
+    labels = tf.TensorSpec([None], tf.int64)
+    assert inputs.element_bytes((images, labels), 32) == 32 * 224 * 224 * 3 + 32 * 8
+    assert inputs.element_bytes({"x": tf.TensorSpec([None, None], tf.float32)}, 8) is None
+    assert inputs.element_bytes(tf.TensorSpec([None], tf.string), 8) is None
+    ragged = tf.RaggedTensorSpec([None, None], tf.float32)
+    assert inputs.element_bytes(ragged, 8) is None
+    # Unknown size: the step count decides alone.
+    assert inputs.prefetch_depth(ragged, 8, elements=8, per_step=2, max_bytes=1) == 8

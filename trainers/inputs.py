@@ -21,12 +21,14 @@ The train iterator is saved explicitly, buffers included; tf.data's symbolic che
 (which leaves the prefetch buffer out) made iterating the pipeline several times slower
 (benchmarks/RESULTS.md), so it is not used. An autotuned prefetch buffer doubles whenever the
 loop finds it empty, and every checkpoint would save it: a `prefetch(tf.data.AUTOTUNE)` that
-ends the training pipeline is replaced by `prefetch(task.train_prefetch)` (same elements, same
-order); one deeper in the pipeline cannot be, and is named in a warning.
+ends the training pipeline is replaced by a fixed prefetch (same elements, same order) of
+`task.train_prefetch` steps' elements, fewer where they would exceed `task.train_prefetch_bytes`,
+never fewer than one step's; one deeper in the pipeline cannot be, and is named in a warning.
 """
 
 from __future__ import annotations
 
+import math
 import uuid
 from typing import Any
 
@@ -47,10 +49,13 @@ def _build(task: Any, per_replica: int, context, training: bool) -> tf.data.Data
     return task.make_batches(dataset, per_replica)
 
 
-def train_iterator(task: Any, strategy: tf.distribute.Strategy, global_batch_size: int):
+def train_iterator(
+    task: Any, strategy: tf.distribute.Strategy, global_batch_size: int, accumulation: int = 1
+):
     """A plain, checkpointable iterator over the training batches (the same on every worker).
 
-    Eager, in scope. Under `parameter_server`: one iterator per worker (not checkpointable).
+    A step takes `accumulation` elements per replica. Eager, in scope. Under `parameter_server`:
+    one iterator per worker (not checkpointable).
     """
     per_replica = global_batch_size // strategy.num_replicas_in_sync
     if is_parameter_server(strategy):
@@ -59,12 +64,60 @@ def train_iterator(task: Any, strategy: tf.distribute.Strategy, global_batch_siz
     with tf.device("/cpu:0"):
         dataset = _build(task, per_replica, context, training=True)
         if task.train_prefetch is not None:
-            dataset = bound_prefetch(dataset, task.train_prefetch, type(task).__name__)
+            per_step = strategy.num_replicas_in_sync * accumulation
+            depth = prefetch_depth(
+                dataset.element_spec,
+                per_replica,
+                task.train_prefetch * per_step,
+                per_step,
+                task.train_prefetch_bytes,
+            )
+            dataset = bound_prefetch(dataset, depth, type(task).__name__)
         return iter(dataset)
 
 
+def element_bytes(spec: Any, batch_size: int) -> int | None:
+    """Bytes of one element of a dataset with `element_spec` `spec`, or None when unknown.
+
+    A leading dimension of None counts as `batch_size`; any other unknown dimension, a string
+    or a composite (ragged, sparse) tensor makes it unknown.
+    """
+    total = 0
+    for part in tf.nest.flatten(spec):
+        if not isinstance(part, tf.TensorSpec) or part.dtype in (tf.string, tf.variant):
+            return None
+        if part.shape.rank is None:
+            return None
+        dims = part.shape.as_list()
+        if dims and dims[0] is None:
+            dims[0] = batch_size
+        if None in dims:
+            return None
+        total += math.prod(dims) * part.dtype.size
+    return total
+
+
+def prefetch_depth(
+    spec: Any, batch_size: int, elements: int, per_step: int, max_bytes: int | None
+) -> int:
+    """Elements to prefetch: `elements`, fewer if they would take more than `max_bytes`, never
+    fewer than `per_step` (one step's). Eager; logs the size when the byte bound lowers it."""
+    size = element_bytes(spec, batch_size)
+    if max_bytes is None or size is None or elements * size <= max_bytes:
+        return elements
+    depth = max(per_step, max_bytes // max(size, 1))
+    logging.info(
+        "orbitask: prefetching %d training elements of %.1f MiB (Task.train_prefetch_bytes).",
+        depth,
+        size / 2**20,
+    )
+    return depth
+
+
 def bound_prefetch(dataset: tf.data.Dataset, batches: int, owner: str) -> tf.data.Dataset:
-    """`dataset` with its final `prefetch(tf.data.AUTOTUNE)` made `prefetch(batches)`. Eager, once.
+    """`dataset` with its final `prefetch(tf.data.AUTOTUNE)` made `prefetch(batches)` (elements).
+
+    Eager, once.
 
     Options set on top (`with_options`) are kept. Warns, naming `owner`'s `build_inputs`, about
     autotuned prefetches that are not last (they stay; their buffers are checkpointed too).

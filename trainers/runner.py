@@ -211,7 +211,9 @@ def _setup(
             nan_guard.build()
         train_iterator = None
         if training:
-            train_iterator = inputs_lib.train_iterator(task, strategy, global_batch_size)
+            train_iterator = inputs_lib.train_iterator(
+                task, strategy, global_batch_size, gradient_accumulation_steps
+            )
             validation.check_checkpointable_input(task, train_iterator)
             validation.check_inputs(
                 task,
