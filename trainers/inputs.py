@@ -65,14 +65,19 @@ def train_iterator(
         dataset = _build(task, per_replica, context, training=True)
         if task.train_prefetch is not None:
             per_step = strategy.num_replicas_in_sync * accumulation
-            depth = prefetch_depth(
-                dataset.element_spec,
-                per_replica,
-                task.train_prefetch * per_step,
-                per_step,
-                task.train_prefetch_bytes,
-            )
-            dataset = bound_prefetch(dataset, depth, type(task).__name__)
+            wanted = task.train_prefetch * per_step
+            spec = dataset.element_spec
+            depth = prefetch_depth(spec, per_replica, wanted, per_step, task.train_prefetch_bytes)
+            bounded = bound_prefetch(dataset, depth, type(task).__name__)
+            if bounded is not dataset and depth < wanted:
+                logging.info(
+                    "orbitask: prefetching %d training elements of %.1f MiB, not %d "
+                    "(Task.train_prefetch_bytes).",
+                    depth,
+                    element_bytes(spec, per_replica) / 2**20,
+                    wanted,
+                )
+            dataset = bounded
         return iter(dataset)
 
 
@@ -101,17 +106,11 @@ def prefetch_depth(
     spec: Any, batch_size: int, elements: int, per_step: int, max_bytes: int | None
 ) -> int:
     """Elements to prefetch: `elements`, fewer if they would take more than `max_bytes`, never
-    fewer than `per_step` (one step's). Eager; logs the size when the byte bound lowers it."""
+    fewer than `per_step` (one step's)."""
     size = element_bytes(spec, batch_size)
     if max_bytes is None or size is None or elements * size <= max_bytes:
         return elements
-    depth = max(per_step, max_bytes // max(size, 1))
-    logging.info(
-        "orbitask: prefetching %d training elements of %.1f MiB (Task.train_prefetch_bytes).",
-        depth,
-        size / 2**20,
-    )
-    return depth
+    return max(per_step, max_bytes // max(size, 1))
 
 
 def bound_prefetch(dataset: tf.data.Dataset, batches: int, owner: str) -> tf.data.Dataset:
