@@ -9,6 +9,7 @@ trained for 2 loops first) and times, on ONE iterator that all of them read:
 
 - the hand-written loop (`contenders.reference_loop`);
 - orbitask's device-loop function (its step, the step counter, the history `print_loss` reads);
+- the same without the history (the loop function of a run without deferred callbacks);
 - `TaskTrainer.train`: that plus the trainer's host work of a loop;
 - the Controller's loop body: that plus callbacks, progress display, summaries, checkpoint check;
 - the same for a run with the default callbacks and the progress display off, which gives
@@ -131,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         silent = build_orbitask(workload, k, os.path.join(model_dir, "quiet"), quiet=True)
         trainer = default.trainer
         loop_fn = trainer._train_loop_fn  # noqa: SLF001
+        plain_fn = silent.trainer._train_loop_fn  # noqa: SLF001
 
         steps = {}  # controller -> its global step (one count for all its variants)
         for controller in (default, silent):
@@ -155,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
             "hand-written loop (reference)": lambda: float(reference(shared, num_steps)),
             "orbitask loop function": counted(
                 default, lambda _: float(loop_fn(shared, num_steps)["logs"]["loss"])
+            ),
+            "  the same without the history record": counted(
+                silent, lambda _: float(plain_fn(shared, num_steps)["logs"]["loss"])
             ),
             "+ TaskTrainer.train (host work)": counted(default, lambda _: trainer.train(num_steps)),
             "+ Controller (callbacks, progress, ...)": controller_loop(default),
