@@ -110,14 +110,14 @@ class BigBatchTask(TinyTask):
 
 
 def _checkpoint_mib(iterator, directory) -> float:
-    # Let the prefetch thread fill its buffer (a few MiB of tf.fill: milliseconds) first.
+    # Let the prefetch thread fill its buffer (a few MiB of random numbers: milliseconds) first.
     next(iterator)
     time.sleep(1.0)
     path = tf.train.Checkpoint(iterator=iterator).write(str(directory / "ckpt"))
     return sum(os.path.getsize(f) for f in tf.io.gfile.glob(path + "*")) / 2**20
 
 
-def test_big_batches_prefetch_fewer_elements_and_checkpoints_stay_under_the_byte_bound(tmp_path):
+def test_big_batches_prefetch_fewer_elements_and_their_checkpoints_shrink(tmp_path):
     strategy = tf.distribute.get_strategy()
     # 3 MiB a batch: 4 would be 12 MiB; a 7 MiB bound leaves 2; at least one step's (1) stays.
     bounded = inputs.train_iterator(BigBatchTask(train_prefetch_bytes=7 * 2**20), strategy, 3)
@@ -129,8 +129,8 @@ def test_big_batches_prefetch_fewer_elements_and_checkpoints_stay_under_the_byte
     assert _top_prefetch_depth(unbounded) == 4
     (tmp_path / "bounded").mkdir()
     (tmp_path / "unbounded").mkdir()
-    # Checkpoints also hold tf.data's own in-flight batches (a fused map-and-batch keeps 2);
-    # the bound takes 2 of the 4 prefetched batches (6 MiB) out of every one.
+    # Checkpoints also hold tf.data's own in-flight batches; the bound takes 2 of the 4
+    # prefetched batches (6 MiB) out of every one.
     saved = _checkpoint_mib(unbounded, tmp_path / "unbounded")
     assert saved - _checkpoint_mib(bounded, tmp_path / "bounded") > 5.5
 
