@@ -1,6 +1,6 @@
 """Throughput benchmark: orbitask against a hand-written loop and Keras `fit`, same everything.
 
-    .venv/bin/python benchmarks/run.py            # the full table (9 rounds, 12-14 min on 2 cores)
+    .venv/bin/python benchmarks/run.py            # the full table (9 rounds, 9-14 min on 2 cores)
     .venv/bin/python benchmarks/run.py --quick    # fewer contenders, 3 rounds (~1 min)
     .venv/bin/python benchmarks/run.py --pooled   # one device, 3 processes a side (4-6 min)
     .venv/bin/python benchmarks/run.py --tiny     # 1 round of 20 steps: proves the harness works

@@ -41,6 +41,14 @@ def _batch_size(tree: Any) -> tf.Tensor:
     return tf.shape(tf.nest.flatten(tree)[0])[0]
 
 
+def _check_positive_int_or_none(name: str, value: Any) -> None:
+    if value is not None and not (type(value) is int and value > 0):
+        raise ValueError(
+            f"`{name}` must be a positive int or None; received {value!r}. "
+            f"Set Task.{name} in your .gin file."
+        )
+
+
 @gin.configurable("Task", module="orbitask")
 class Task:
     """Base class of every orbitask task. Subclass it and override what is unusual.
@@ -79,18 +87,8 @@ class Task:
                 f"`clip_norm` must be positive or None; received {clip_norm!r}. "
                 "Set Task.clip_norm in your .gin file."
             )
-        if train_prefetch is not None and not (type(train_prefetch) is int and train_prefetch > 0):
-            raise ValueError(
-                f"`train_prefetch` must be a positive int or None; received {train_prefetch!r}. "
-                "Set Task.train_prefetch in your .gin file."
-            )
-        if train_prefetch_bytes is not None and not (
-            type(train_prefetch_bytes) is int and train_prefetch_bytes > 0
-        ):
-            raise ValueError(
-                "`train_prefetch_bytes` must be a positive int or None; received "
-                f"{train_prefetch_bytes!r}. Set Task.train_prefetch_bytes in your .gin file."
-            )
+        _check_positive_int_or_none("train_prefetch", train_prefetch)
+        _check_positive_int_or_none("train_prefetch_bytes", train_prefetch_bytes)
         if keras_flavour not in (None, *keras_compat.FLAVOURS):
             raise ValueError(
                 f"`keras_flavour` must be None, 'keras' or 'tf_keras'; received {keras_flavour!r}."

@@ -144,4 +144,4 @@ def test_element_bytes_counts_the_batch_and_gives_up_on_unknown_sizes():
     ragged = tf.RaggedTensorSpec([None, None], tf.float32)
     assert inputs.element_bytes(ragged, 8) is None
     # Unknown size: the step count decides alone.
-    assert inputs.prefetch_depth(ragged, 8, elements=8, per_step=2, max_bytes=1) == 8
+    assert inputs.prefetch_depth(None, elements=8, per_step=2, max_bytes=1) == 8

@@ -66,15 +66,15 @@ def train_iterator(
         if task.train_prefetch is not None:
             per_step = strategy.num_replicas_in_sync * accumulation
             wanted = task.train_prefetch * per_step
-            spec = dataset.element_spec
-            depth = prefetch_depth(spec, per_replica, wanted, per_step, task.train_prefetch_bytes)
+            size = element_bytes(dataset.element_spec, per_replica)
+            depth = prefetch_depth(size, wanted, per_step, task.train_prefetch_bytes)
             bounded = bound_prefetch(dataset, depth, type(task).__name__)
             if bounded is not dataset and depth < wanted:
                 logging.info(
                     "orbitask: prefetching %d training elements of %.1f MiB, not %d "
                     "(Task.train_prefetch_bytes).",
                     depth,
-                    element_bytes(spec, per_replica) / 2**20,
+                    size / 2**20,
                     wanted,
                 )
             dataset = bounded
@@ -102,12 +102,9 @@ def element_bytes(spec: Any, batch_size: int) -> int | None:
     return total
 
 
-def prefetch_depth(
-    spec: Any, batch_size: int, elements: int, per_step: int, max_bytes: int | None
-) -> int:
-    """Elements to prefetch: `elements`, fewer if they would take more than `max_bytes`, never
-    fewer than `per_step` (one step's)."""
-    size = element_bytes(spec, batch_size)
+def prefetch_depth(size: int | None, elements: int, per_step: int, max_bytes: int | None) -> int:
+    """Elements of `size` bytes (None: unknown) to prefetch: `elements`, fewer if they would take
+    more than `max_bytes`, never fewer than `per_step` (one step's)."""
     if max_bytes is None or size is None or elements * size <= max_bytes:
         return elements
     return max(per_step, max_bytes // max(size, 1))
