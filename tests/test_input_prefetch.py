@@ -127,12 +127,14 @@ def test_big_batches_prefetch_fewer_elements_and_their_checkpoints_shrink(tmp_pa
     assert _top_prefetch_depth(bounded) == 2
     assert _top_prefetch_depth(tiny_bound) == 1
     assert _top_prefetch_depth(unbounded) == 4
-    (tmp_path / "bounded").mkdir()
-    (tmp_path / "unbounded").mkdir()
-    # Checkpoints also hold tf.data's own in-flight batches; the bound takes 2 of the 4
-    # prefetched batches (6 MiB) out of every one.
-    saved = _checkpoint_mib(unbounded, tmp_path / "unbounded")
-    assert saved - _checkpoint_mib(bounded, tmp_path / "bounded") > 5.5
+    (tmp_path / "one").mkdir()
+    (tmp_path / "four").mkdir()
+    # A checkpoint holds the prefetched batches and also 1 to 3 more that tf.data keeps in
+    # flight, a number that varies from run to run (measured: the 2-deep one saved 12 MiB here
+    # and 15 MiB on CI). So only the bound's effect is asserted: the 1-deep buffer's checkpoint
+    # is at least one whole batch (3 MiB) smaller than the 4-deep one's.
+    four = _checkpoint_mib(unbounded, tmp_path / "four")
+    assert four - _checkpoint_mib(tiny_bound, tmp_path / "one") > 2.5
 
 
 def test_element_bytes_counts_the_batch_and_gives_up_on_unknown_sizes():
