@@ -125,8 +125,11 @@ def run_orbitask(
     jit_compile: bool = False,
     checkpoints: bool = True,
     keep_autotune: bool = False,
+    fixed_loops: bool = False,
 ) -> dict:
-    """`run_experiment` with `configs/defaults.gin`; returns checkpoint sizes. Eager."""
+    """`run_experiment` with `configs/defaults.gin`; returns checkpoint sizes. Eager.
+
+    `fixed_loops`: loops stay at `steps_per_loop` (`loop_seconds = None`)."""
     import gin
 
     from benchmarks.bench_task import BenchTask
@@ -147,6 +150,8 @@ def run_orbitask(
         bindings.append("orbitask.run_experiment.checkpoint_seconds = None")
     if keep_autotune:  # the workload's prefetch(AUTOTUNE) stays
         bindings.append("orbitask.Task.train_prefetch = None")
+    if fixed_loops:
+        bindings.append("orbitask.run_experiment.loop_seconds = None")
     parse_gin([os.path.join(REPO_ROOT, "configs", "defaults.gin")], bindings)
     boundaries = [workload.window * (k + 1) for k in range(windows + 1)]
     task = BenchTask(workload.name, gate, boundaries, callbacks=callbacks)

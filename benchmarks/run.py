@@ -41,7 +41,7 @@ PLANS = {
             # Second processes of the reference (and of orbitask on the MLP, where the two are
             # closest) show the noise floor and are pooled into the ratios of the targets.
             Group("mlp", 1, [*SINGLE, "reference#2", "orbitask#2"]),
-            Group("cnn", 1, [*SINGLE, "reference#2"]),
+            Group("cnn", 1, [*(c for c in SINGLE if c != "reference-window"), "reference#2"]),
             Group("mlp", 2, ["reference", "orbitask", "keras3@N"]),
             Group("cnn", 2, ["reference", "orbitask", "keras3@N"]),
             Group("input", 1, ["reference", "orbitask", "keras3@N"]),
@@ -52,7 +52,12 @@ PLANS = {
         100,
         1,
         [
-            Group("mlp", 1, ["reference", "orbitask", "orbitask-quiet", "keras3@N"], 300),
+            Group(
+                "mlp",
+                1,
+                ["reference", "reference-window", "orbitask", "orbitask-fixed", "keras3@N"],
+                300,
+            ),
             Group("cnn", 1, ["reference", "orbitask", "keras3@N"]),
             Group("mlp", 2, ["reference", "orbitask"], 300),
         ],

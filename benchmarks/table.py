@@ -22,7 +22,9 @@ def contender_title(name: str, steps_per_call: int) -> str:
         return f"{contender_title(name, steps_per_call)}, process {copy}"
     fixed = {
         "reference": f"hand-written loop, {steps_per_call} steps/call (reference)",
+        "reference-window": "hand-written loop, a window's steps/call (as orbitask's grown loops)",
         "orbitask": "orbitask default",
+        "orbitask-fixed": f"orbitask, loops fixed at {steps_per_call} steps (loop_seconds=None)",
         "orbitask-quiet": "orbitask, default callbacks + progress off",
         "orbitask-autotune": (
             "orbitask, the workload's prefetch(AUTOTUNE) kept (train_prefetch=None)"

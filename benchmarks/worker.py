@@ -22,7 +22,9 @@ import time
 
 CONTENDERS = (
     "reference",
+    "reference-window",
     "orbitask",
+    "orbitask-fixed",
     "orbitask-quiet",
     "orbitask-lean",
     "orbitask-xla",
@@ -123,6 +125,8 @@ def main(argv: list[str] | None = None) -> None:
     n = args.steps_per_call
     if name == "reference":
         extra = contenders.run_reference(**common, steps_per_call=n)
+    elif name == "reference-window":  # loops as long as orbitask's grown ones, cut at windows
+        extra = contenders.run_reference(**common, steps_per_call=workload.window)
     elif name.startswith("orbitask"):
         extra = contenders.run_orbitask(
             **common,
@@ -130,6 +134,7 @@ def main(argv: list[str] | None = None) -> None:
             jit_compile=name == "orbitask-xla",
             checkpoints=name != "orbitask-lean",
             keep_autotune=name == "orbitask-autotune",
+            fixed_loops=name == "orbitask-fixed",
         )
     else:
         flavour, spe = name.split("@")

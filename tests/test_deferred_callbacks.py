@@ -94,8 +94,9 @@ def test_default_print_loss_prints_and_writes_every_10_steps_without_ending_loop
 
 
 def test_every_loops_train_scalars_reach_tensorboard_though_written_in_batches(tmp_path):
-    # Loops of 10 steps; the kept points are written at 100 (10 loops) and at the end.
-    _train(TinyTask(), tmp_path, train_steps=130, steps_per_loop=10)
+    # Loops of 10 steps (never grown); the kept points are written at 100 (10 loops) and at
+    # the end.
+    _train(TinyTask(), tmp_path, train_steps=130, steps_per_loop=10, loop_seconds=None)
     (events,) = glob.glob(os.path.join(tmp_path, "train", "events.out.tfevents.*"))
     by_tag = {}
     for tag, step, _, value in read_events(events):

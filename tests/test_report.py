@@ -20,6 +20,7 @@ def model_dir(tmp_path_factory):
         train_steps=20,
         global_batch_size=8,
         steps_per_loop=5,
+        loop_seconds=None,  # 5-step loops throughout: a train summary point every 5 steps
         eval_interval=10,
         checkpoint_interval=10,
         progress=False,

@@ -71,6 +71,26 @@ def all_replica_values(strategy: tf.distribute.Strategy, value) -> tuple:
     return (strategy.gather(value, axis=0),)
 
 
+def any_worker(strategy: tf.distribute.Strategy, flag: bool) -> bool:
+    """Whether `flag` holds on any worker. Eager; under `multi_worker_mirrored` a collective
+    (every worker must call it at the same point), else `flag` itself."""
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return flag
+    return _replicas_with(strategy, flag) > 0
+
+
+def every_worker(strategy: tf.distribute.Strategy, flag: bool) -> bool:
+    """Whether `flag` holds on every worker; eager, a collective as in `any_worker`."""
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return flag
+    return _replicas_with(strategy, flag) == strategy.num_replicas_in_sync
+
+
+def _replicas_with(strategy: tf.distribute.Strategy, flag: bool) -> int:
+    flags = strategy.experimental_distribute_values_from_function(lambda _: tf.constant(int(flag)))
+    return int(strategy.reduce(tf.distribute.ReduceOp.SUM, flags, axis=None))
+
+
 def is_server_task(strategy_name: object) -> bool:
     """True for a `worker` or `ps` task of a `parameter_server` job: it only serves (`serve`)."""
     return strategy_name == "parameter_server" and task_type() in SERVER_TASKS

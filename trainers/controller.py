@@ -14,12 +14,13 @@ the time rule (any worker's clock that says "due" makes all of them save).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import orbit
 import tensorflow as tf
 from absl import logging
 
-from trainers import checkpoints
+from trainers import checkpoints, cluster
 
 
 class Controller(orbit.Controller):
@@ -28,6 +29,8 @@ class Controller(orbit.Controller):
     Args:
       checkpoint_interval: save at every multiple of this step, or None.
       checkpoint_seconds: save when this many seconds passed since the last save, or None.
+      on_loop: `on_loop(steps, seconds)` after each device loop, with the wall time of
+        `trainer.train` (e.g. `LoopLength.observe`), or None.
       **kwargs: `orbit.Controller`'s arguments.
     """
 
@@ -36,10 +39,12 @@ class Controller(orbit.Controller):
         *,
         checkpoint_interval: int | None,
         checkpoint_seconds: float | None = None,
+        on_loop: Callable[[int, float], None] | None = None,
         **kwargs,
     ):
         self._interval = checkpoint_interval
         self._seconds = checkpoint_seconds
+        self._on_loop = on_loop
         self._last_save = time.monotonic()
         self._rate_mark: tuple[float, int] | None = None
         self._lengths: dict[int, tf.Tensor] = {}  # loop length -> its constant, made once
@@ -74,6 +79,7 @@ class Controller(orbit.Controller):
         steps = self._lengths.get(num_steps)
         if steps is None:
             steps = self._lengths[num_steps] = tf.constant(num_steps, tf.int32)
+        began = time.perf_counter()
         if self.summary_interval:  # summaries written by the step itself, as Orbit records them
             record = lambda: self.global_step % self.summary_interval == 0  # noqa: E731
             with self.summary_manager.summary_writer().as_default(), tf.summary.record_if(record):
@@ -81,6 +87,8 @@ class Controller(orbit.Controller):
         else:  # Orbit would record none; and leaving `as_default` flushes (~0.1 ms a loop)
             with tf.summary.record_if(False):
                 output = self.trainer.train(steps) or {}
+        if self._on_loop is not None:
+            self._on_loop(num_steps, time.perf_counter() - began)
         end = self._step_now()
         if end != start + num_steps:
             logging.warning(
@@ -122,12 +130,7 @@ class Controller(orbit.Controller):
         if by_step or not self._seconds:
             return by_step
         late = time.monotonic() - self._last_save >= self._seconds
-        if isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy):
-            flags = self.strategy.experimental_distribute_values_from_function(
-                lambda _: tf.constant(int(late))
-            )
-            late = bool(self.strategy.reduce(tf.distribute.ReduceOp.SUM, flags, axis=None) > 0)
-        return late
+        return cluster.any_worker(self.strategy, late)
 
     def _maybe_save_checkpoint(self, check_interval: bool = True) -> bool:
         manager = self.checkpoint_manager

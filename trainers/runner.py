@@ -18,6 +18,7 @@ from trainers.controller import Controller
 from trainers.determinism import make_deterministic
 from trainers.errors import ConfigError, EarlyStop
 from trainers.learning_rate import LearningRate
+from trainers.loop_length import LoopLength
 from trainers.precision import DynamicLossScale, precision_policy
 from trainers.preemption import PreemptionWatcher
 from trainers.progress import ProgressAction
@@ -39,6 +40,7 @@ def run_experiment(
     global_batch_size: int = 64,
     learning_rate: float = 1e-3,
     steps_per_loop: int = 100,
+    loop_seconds: float | None = 1.0,
     eval_interval: int | None = 500,
     eval_steps: int | None = None,
     checkpoint_interval: int | None = None,
@@ -72,7 +74,10 @@ def run_experiment(
         `global_batch_size / num_replicas_in_sync`.
       learning_rate: the rate (float), or a `step -> rate` schedule such as
         `@orbitask.learning_rate_schedule()`; kept in a checkpointed variable.
-      steps_per_loop: the longest device loop; loops also end where a callback is due.
+      steps_per_loop: a device loop's steps; loops also end where a callback, an evaluation
+        or a checkpoint is due.
+      loop_seconds: loops of quick steps double, up to 100 x `steps_per_loop`, while one lasts
+        less than half this (`trainers.LoopLength`); None: loops stay at `steps_per_loop`.
       eval_interval: train steps between evaluations in train_and_eval (None: only at the end).
       eval_steps: validation steps per evaluation; None runs the whole validation dataset.
       checkpoint_interval: save at every multiple of this step (None: no step rule).
@@ -128,6 +133,7 @@ def _setup(
     global_batch_size,
     learning_rate,
     steps_per_loop,
+    loop_seconds,
     eval_interval,
     eval_steps,
     checkpoint_interval,
@@ -159,6 +165,7 @@ def _setup(
         eval_steps=eval_steps,
         checkpoint_interval=checkpoint_interval,
         checkpoint_seconds=checkpoint_seconds,
+        loop_seconds=loop_seconds,
         cpu_devices=cpu_devices,
         mixed_precision=mixed_precision,
         gradient_accumulation_steps=gradient_accumulation_steps,
@@ -319,8 +326,12 @@ def _setup(
     preemption = PreemptionWatcher(manager, global_step)
     train_actions.append(preemption)  # last: saves the state every other action left
 
+    agree = lambda grow: cluster.every_worker(strategy, grow)  # noqa: E731
+    lengths = LoopLength(steps_per_loop, loop_seconds, agree=agree)
+
     def loop_length(step: int) -> int:  # (the Controller also ends loops at checkpoint steps)
-        return min(steps_per_loop, callbacks.steps_until_due(step) or steps_per_loop)
+        steps = lengths.steps
+        return min(steps, callbacks.steps_until_due(step) or steps)
 
     eval_actions = [lambda out: results.__setitem__("eval", dict(out))]
     if validation_control is not None and evaluating:
@@ -339,6 +350,7 @@ def _setup(
     controller = Controller(
         checkpoint_interval=checkpoint_interval,
         checkpoint_seconds=checkpoint_seconds,
+        on_loop=lengths.observe,
         global_step=global_step,
         trainer=trainer if training else None,
         evaluator=trainer if evaluating else None,

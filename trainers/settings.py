@@ -22,6 +22,17 @@ def check_positive(name: str, value: Any, allow_none: bool = False) -> None:
         )
 
 
+def check_seconds(name: str, value: Any) -> None:
+    """Raises ValueError unless `value` is a positive number of seconds or None."""
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0
+    ):
+        raise ValueError(
+            f"`{name}` must be a positive number or None; received {value!r}. "
+            f"Set run_experiment.{name} in your .gin file."
+        )
+
+
 def check(
     *,
     task: Any,
@@ -34,6 +45,7 @@ def check(
     eval_steps: Any,
     checkpoint_interval: Any,
     checkpoint_seconds: Any,
+    loop_seconds: Any,
     cpu_devices: Any,
     mixed_precision: Any,
     gradient_accumulation_steps: Any,
@@ -61,15 +73,8 @@ def check(
     check_positive("eval_steps", eval_steps, allow_none=True)
     check_positive("checkpoint_interval", checkpoint_interval, allow_none=True)
     check_positive("cpu_devices", cpu_devices, allow_none=True)
-    if checkpoint_seconds is not None and (
-        isinstance(checkpoint_seconds, bool)
-        or not isinstance(checkpoint_seconds, (int, float))
-        or checkpoint_seconds <= 0
-    ):
-        raise ValueError(
-            f"`checkpoint_seconds` must be a positive number or None; received "
-            f"{checkpoint_seconds!r}. Set run_experiment.checkpoint_seconds in your .gin file."
-        )
+    check_seconds("checkpoint_seconds", checkpoint_seconds)
+    check_seconds("loop_seconds", loop_seconds)
     if mixed_precision not in (None, "mixed_float16", "mixed_bfloat16"):
         raise ValueError(
             "`mixed_precision` must be None, 'mixed_float16' or 'mixed_bfloat16'; received "
