@@ -2,8 +2,9 @@
 
 Schedulers and spot machines send SIGTERM before killing a job. Python runs signal handlers only
 between device loops (the main thread is inside TensorFlow during one), so the save happens at
-most `steps_per_loop` steps after the signal; the run then raises `Preempted`, which the binary
-turns into exit status 75 ("temporary failure: run the same command again to resume").
+most `steps_per_loop` steps after the signal (about a second where quick loops have grown,
+`loop_seconds`); the run then raises `Preempted`, which the binary turns into exit status 75
+("temporary failure: run the same command again to resume").
 """
 
 from __future__ import annotations
