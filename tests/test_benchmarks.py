@@ -95,3 +95,27 @@ def test_stateful_training_input_is_refused_before_the_first_step(tmp_path):
     with pytest.raises(ConfigError, match=r"NoisyTask.build_inputs\(training=True\) uses Random"):
         run_experiment(NoisyTask(), str(tmp_path), mode="train", train_steps=2, global_batch_size=8)
     assert not list(tmp_path.glob("ckpt-*"))
+
+
+def test_loop_length_benchmark_times_short_and_long_loops_on_one_iterator():
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/loop_length.py", "--rounds=2", "--long=200"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "mlp: 2 rounds of 200 steps per variant, one iterator"
+    names = [
+        "hand-written loop, 100 steps/call",
+        "hand-written loop, 200 steps/call",
+        "orbitask, 100-step loops",
+        "orbitask, one 200-step loop",
+    ]
+    for name, line in zip(names, lines[2:6], strict=True):
+        assert line.startswith(name) and "steps/s" in line, line
+    assert lines[2].split()[-2] == "1.000"  # the first against itself
+    assert lines[6].startswith("orbitask, 100-step loops / hand-written loop, 100 steps/call: ")
+    assert lines[7].startswith("orbitask, one 200-step loop / hand-written loop, 200 steps/call")
