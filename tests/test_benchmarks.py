@@ -32,16 +32,27 @@ def test_tiny_benchmark_prints_the_table(tmp_path):
     assert "Command: `.venv/bin/python benchmarks/run.py --tiny" in text
 
 
-def test_overhead_benchmark_times_every_variant_on_one_iterator():
+def _benchmark_lines(script: str, *args: str) -> list[str]:
+    """Runs `benchmarks/<script>` with `args`; returns its stdout's lines."""
     proc = subprocess.run(
-        [sys.executable, "benchmarks/overhead.py", "--rounds=3", "--steps_per_call=10"],
+        [sys.executable, f"benchmarks/{script}", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    lines = proc.stdout.splitlines()
+    return proc.stdout.splitlines()
+
+
+def _assert_variants(lines: list[str], names: list[str]) -> None:
+    """Each of `lines` is a timed variant's line, starting with its name, in `names`' order."""
+    for name, line in zip(names, lines, strict=True):
+        assert line.startswith(name) and "steps/s" in line, line
+
+
+def test_overhead_benchmark_times_every_variant_on_one_iterator():
+    lines = _benchmark_lines("overhead.py", "--rounds=3", "--steps_per_call=10")
     assert lines[0] == "mlp: 3 rounds of 10 steps per variant, one shared iterator"
     names = [
         "hand-written loop (reference)",
@@ -51,8 +62,7 @@ def test_overhead_benchmark_times_every_variant_on_one_iterator():
         "+ Controller (callbacks, progress, ...)",
         "Controller, callbacks + progress off",
     ]
-    for name, line in zip(names, lines[2:8], strict=True):
-        assert line.startswith(name) and "steps/s" in line, line
+    _assert_variants(lines[2:8], names)
     assert lines[2].split()[-4] == "1.000"  # the reference against itself
     assert lines[8].startswith("cost of the default callbacks + progress: ")
 
@@ -98,15 +108,7 @@ def test_stateful_training_input_is_refused_before_the_first_step(tmp_path):
 
 
 def test_loop_length_benchmark_times_short_and_long_loops_on_one_iterator():
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/loop_length.py", "--rounds=2", "--long=200"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    lines = proc.stdout.splitlines()
+    lines = _benchmark_lines("loop_length.py", "--rounds=2", "--long=200")
     assert lines[0] == "mlp: 2 rounds of 200 steps per variant, one iterator"
     names = [
         "hand-written loop, 100 steps/call",
@@ -114,8 +116,7 @@ def test_loop_length_benchmark_times_short_and_long_loops_on_one_iterator():
         "orbitask, 100-step loops",
         "orbitask, one 200-step loop",
     ]
-    for name, line in zip(names, lines[2:6], strict=True):
-        assert line.startswith(name) and "steps/s" in line, line
+    _assert_variants(lines[2:6], names)
     assert lines[2].split()[-2] == "1.000"  # the first against itself
     assert lines[6].startswith("orbitask, 100-step loops / hand-written loop, 100 steps/call: ")
     assert lines[7].startswith("orbitask, one 200-step loop / hand-written loop, 200 steps/call")

@@ -77,7 +77,7 @@ def run_experiment(
       steps_per_loop: a device loop's steps; loops also end where a callback, an evaluation
         or a checkpoint is due.
       loop_seconds: loops of quick steps double, up to 100 x `steps_per_loop`, while one lasts
-        less than half this (`trainers.LoopLength`); None: loops stay at `steps_per_loop`.
+        less than half this (`trainers/loop_length.py`); None: loops stay at `steps_per_loop`.
       eval_interval: train steps between evaluations in train_and_eval (None: only at the end).
       eval_steps: validation steps per evaluation; None runs the whole validation dataset.
       checkpoint_interval: save at every multiple of this step (None: no step rule).
