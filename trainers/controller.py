@@ -8,7 +8,8 @@ checkpoint interval (Orbit's manager counts from the first save, so it would sav
 1+k, ...); and it also saves after the first device loop that ends `checkpoint_seconds` after
 the last save (the default rule: a save costs ~30 ms, which every-100-steps made a third of a
 small model's time). Under `multi_worker_mirrored` saving is collective, so the workers agree on
-the time rule (any worker's clock that says "due" makes all of them save).
+the time rule (any worker's clock that says "due" makes all of them save). It also hands each
+device loop's wall time to `on_loop` (the runner's `LoopLength`, which lets quick loops grow).
 """
 
 from __future__ import annotations
