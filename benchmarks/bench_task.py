@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from orbitask.tasks import Task
+
 from benchmarks import workloads
-from tasks import Task
 
 
 class BenchTask(Task):

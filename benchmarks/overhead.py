@@ -42,14 +42,14 @@ def build_orbitask(workload, steps_per_call: int, model_dir: str, quiet: bool = 
     `quiet`: the default callbacks and the progress display off.
     """
     import gin
+    import orbitask.trainers.runner
+    from orbitask.trainers.train import parse_gin
 
-    import trainers.runner
     from benchmarks.bench_task import BenchTask
-    from trainers.train import parse_gin
 
     built = []
 
-    class Recorded(trainers.runner.Controller):
+    class Recorded(orbitask.trainers.runner.Controller):
         def __init__(self, **kwargs):
             super().__init__(**kwargs)
             built.append(self)
@@ -63,12 +63,12 @@ def build_orbitask(workload, steps_per_call: int, model_dir: str, quiet: bool = 
             f"orbitask.run_experiment.progress = {not quiet}",
         ],
     )
-    original, trainers.runner.Controller = trainers.runner.Controller, Recorded
+    original, orbitask.trainers.runner.Controller = orbitask.trainers.runner.Controller, Recorded
     try:
         task = BenchTask(workload.name, lambda: None, [], callbacks=not quiet)
-        trainers.runner.run_experiment(task=task, model_dir=model_dir, mode="train")
+        orbitask.trainers.runner.run_experiment(task=task, model_dir=model_dir, mode="train")
     finally:
-        trainers.runner.Controller = original
+        orbitask.trainers.runner.Controller = original
         gin.clear_config()
     return built[0]
 

@@ -30,10 +30,9 @@ from typing import Any
 import gin
 import numpy as np
 import tensorflow as tf
-
-from tasks import callbacks as callbacks_lib
-from tasks import gradients as gradients_lib
-from tasks import keras_compat
+from orbitask.tasks import callbacks as callbacks_lib
+from orbitask.tasks import gradients as gradients_lib
+from orbitask.tasks import keras_compat
 
 
 def _batch_size(tree: Any) -> tf.Tensor:

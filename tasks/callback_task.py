@@ -27,9 +27,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import tensorflow as tf
-
-from tasks import callbacks as callbacks_lib
-from tasks.base import Task
+from orbitask.tasks import callbacks as callbacks_lib
+from orbitask.tasks.base import Task
 
 REQUIRED = ("create_dataset", "create_model", "create_loss")
 OPTIONAL = (

@@ -6,9 +6,8 @@ import gin
 import keras
 import numpy as np
 import tensorflow as tf
+from orbitask.tasks.base import Task
 from sklearn.datasets import load_digits
-
-from tasks.base import Task
 
 
 def digits_split(validation_fraction: float = 0.2, seed: int = 0):

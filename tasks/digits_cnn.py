@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import gin
 import keras
-
-from tasks.digits import DigitsClassification
+from orbitask.tasks.digits import DigitsClassification
 
 
 @gin.configurable("DigitsCNN", module="orbitask")

@@ -17,11 +17,10 @@ from __future__ import annotations
 import gin
 import keras
 import tensorflow as tf
-
-from tasks import keras_compat
-from tasks.base import Task
-from tasks.digits import digits_split
-from tasks.gradients import all_reduce_sum
+from orbitask.tasks import keras_compat
+from orbitask.tasks.base import Task
+from orbitask.tasks.digits import digits_split
+from orbitask.tasks.gradients import all_reduce_sum
 
 
 def discriminator_loss(real_logits: tf.Tensor, fake_logits: tf.Tensor) -> tf.Tensor:

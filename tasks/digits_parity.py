@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import gin
-
-from tasks.digits import DigitsClassification
+from orbitask.tasks.digits import DigitsClassification
 
 
 @gin.configurable("DigitsParity", module="orbitask")

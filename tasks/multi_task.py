@@ -29,9 +29,8 @@ import gin
 import keras
 import tensorflow as tf
 import tf_keras
-
-from tasks import keras_compat
-from tasks.base import Task
+from orbitask.tasks import keras_compat
+from orbitask.tasks.base import Task
 
 SHARING = ("shared", "trunk", "separate")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

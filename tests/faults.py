@@ -34,7 +34,7 @@ def command(model_dir, replicas=1, steps=600, extra=()):
     cmd = [
         sys.executable,
         "-m",
-        "trainers.train",
+        "orbitask.trainers.train",
         "--gin_file=experiments/digits.gin",
         f"--model_dir={model_dir}",
         "--mode=train",

@@ -6,8 +6,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 import tf_keras
-
-from tasks import Task
+from orbitask.tasks import Task
 
 
 def keras_module(flavour: str):

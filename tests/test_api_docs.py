@@ -13,8 +13,7 @@ import re
 
 import pytest
 
-import tasks
-import trainers
+from orbitask import tasks, trainers
 
 WHEN = re.compile(r"eager|tf\.function|traced", re.IGNORECASE)
 RETURNS = re.compile(r"return|yield", re.IGNORECASE)
@@ -22,7 +21,9 @@ PUBLIC = [(pkg.__name__, name) for pkg in (tasks, trainers) for name in pkg.__al
 
 
 def _ours(obj) -> bool:
-    return (getattr(obj, "__module__", None) or "").split(".")[0] in ("tasks", "trainers")
+    return (getattr(obj, "__module__", None) or "").startswith(
+        ("orbitask.tasks", "orbitask.trainers")
+    )
 
 
 def _functions(obj):

@@ -4,9 +4,9 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from orbitask.trainers import ConfigError, run_experiment
 
 from tests.helpers import TinyTask
-from trainers import ConfigError, run_experiment
 
 
 def _run(task, model_dir, **kwargs):

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 import tensorflow as tf
+from orbitask.trainers import ConfigError, run_experiment
 
 from tests.helpers import TinyTask
-from trainers import ConfigError, run_experiment
 
 ROOT = Path(__file__).resolve().parents[1]
 

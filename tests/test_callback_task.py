@@ -8,10 +8,10 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from orbitask.tasks import CallbackTask
+from orbitask.trainers import run_experiment
 
-from tasks import CallbackTask
 from tests import seed_program
-from trainers import run_experiment
 
 SEED_FUNCTIONS = (
     "create_dataset",

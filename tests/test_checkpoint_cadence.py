@@ -2,10 +2,10 @@
 
 import pytest
 import tensorflow as tf
+from orbitask.trainers import run_experiment
+from orbitask.trainers.errors import ConfigError
 
 from tests.helpers import TinyTask
-from trainers import run_experiment
-from trainers.errors import ConfigError
 
 
 def _saved_steps(model_dir) -> list[int]:

@@ -4,8 +4,7 @@ import io
 import sys
 
 import tensorflow as tf
-
-from trainers.progress import ProgressAction
+from orbitask.trainers.progress import ProgressAction
 
 
 class Clock:

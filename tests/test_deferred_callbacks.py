@@ -5,12 +5,12 @@ import os
 
 import pytest
 import tensorflow as tf
+from orbitask.tasks import callbacks, deferred
+from orbitask.trainers import TaskTrainer, run_experiment
+from orbitask.trainers.report import read_events
+from orbitask.trainers.summaries import LoopSummaryManager
 
-from tasks import callbacks, deferred
 from tests.helpers import Recorder, TinyTask
-from trainers import TaskTrainer, run_experiment
-from trainers.report import read_events
-from trainers.summaries import LoopSummaryManager
 
 
 class Both(TinyTask):

@@ -2,9 +2,9 @@
 
 import numpy as np
 import tensorflow as tf
+from orbitask.trainers import ExponentialMovingAverage, run_experiment
 
 from tests.helpers import TinyTask, checkpoint_weights
-from trainers import ExponentialMovingAverage, run_experiment
 
 
 class Tracked(TinyTask):

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 import tensorflow as tf
+from orbitask.trainers import run_experiment
 
 from tests.helpers import Recorder, TinyTask
-from trainers import run_experiment
 
 
 class RecordingTiny(TinyTask):

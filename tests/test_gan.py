@@ -5,10 +5,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
+from orbitask.tasks import DigitsGAN
+from orbitask.trainers import run_experiment, train
 
-from tasks import DigitsGAN
 from tests.helpers import Recorder
-from trainers import run_experiment, train
 
 REPO = Path(__file__).resolve().parents[1]
 KEYS = ("loss", "d_loss", "g_loss", "d_grad_norm", "g_grad_norm")

@@ -13,10 +13,9 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-
-from tasks import Task, keras_compat
-from trainers import train
-from trainers.errors import ConfigError
+from orbitask.tasks import Task, keras_compat
+from orbitask.trainers import train
+from orbitask.trainers.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENTS = sorted((REPO / "experiments").glob("*.gin"))
@@ -29,7 +28,7 @@ def _env():
     return env
 
 
-def _binary(args, command=(sys.executable, "-m", "trainers.train"), timeout=300):
+def _binary(args, command=(sys.executable, "-m", "orbitask.trainers.train"), timeout=300):
     return subprocess.run(
         [*command, *args],
         cwd=REPO,

@@ -2,9 +2,9 @@
 
 import pytest
 import tensorflow as tf
+from orbitask.trainers import run_experiment
 
 from tests.helpers import Recorder, TinyTask
-from trainers import run_experiment
 
 STAGES = ("input_pre", "loss_pre", "grad_pre", "process_metrics", "update_pre")
 BUILDERS = (

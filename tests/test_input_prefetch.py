@@ -12,9 +12,9 @@ import time
 
 import numpy as np
 import tensorflow as tf
+from orbitask.trainers import inputs
 
 from tests.helpers import TinyTask
-from trainers import inputs
 
 
 def _pipeline(prefetch):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from orbitask.trainers import ConfigError, run_experiment
+from orbitask.trainers.controller import Controller
+from orbitask.trainers.loop_length import LoopLength
 
 from tests.helpers import TinyTask, checkpoint_weights
-from trainers import ConfigError, run_experiment
-from trainers.controller import Controller
-from trainers.loop_length import LoopLength
 
 
 def test_quick_loops_double_until_one_lasts_half_loop_seconds():
@@ -63,7 +63,7 @@ class LoopCounting(Controller):
 
 
 def _run(tmp_path, name, loop_seconds, monkeypatch):
-    monkeypatch.setattr("trainers.runner.Controller", LoopCounting)
+    monkeypatch.setattr("orbitask.trainers.runner.Controller", LoopCounting)
     LoopCounting.loops = []
     run_experiment(
         TinyTask(),

@@ -2,9 +2,9 @@
 
 import numpy as np
 import pytest
+from orbitask.trainers import ConfigError, run_experiment
 
 from tests.helpers import Recorder, TinyTask, checkpoint_weights
-from trainers import ConfigError, run_experiment
 
 
 class Rec(TinyTask):

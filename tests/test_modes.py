@@ -2,9 +2,9 @@
 
 import numpy as np
 import tensorflow as tf
+from orbitask.trainers import run_experiment
 
 from tests.helpers import TinyTask
-from trainers import run_experiment
 
 
 def _run(model_dir, mode, steps, **kwargs):

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tf_keras
+from orbitask.tasks import DigitsClassification, DigitsParity, MultiTask
+from orbitask.trainers import run_experiment, train
 
-from tasks import DigitsClassification, DigitsParity, MultiTask
 from tests.helpers import Recorder, TinyTask
-from trainers import run_experiment, train
 
 REPO = Path(__file__).resolve().parents[1]
 WEIGHTS = {"digit": 1.0, "parity": 0.5}

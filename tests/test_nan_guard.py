@@ -6,9 +6,9 @@ Runs with oneDNN off (conftest): oneDNN's fused kernels turn NaN into 0 in graph
 import numpy as np
 import pytest
 import tensorflow as tf
+from orbitask.trainers import NanGuard, NonFiniteLossError, run_experiment
 
 from tests.helpers import Recorder, TinyTask, checkpoint_weights
-from trainers import NanGuard, NonFiniteLossError, run_experiment
 
 B = 8
 

@@ -3,10 +3,10 @@
 import re
 
 import pytest
+from orbitask.trainers import cli, report, run_experiment
 from PIL import Image
 
 from tests.helpers import TinyTask
-from trainers import cli, report, run_experiment
 
 
 @pytest.fixture(scope="module")

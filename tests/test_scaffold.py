@@ -8,8 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from trainers import cli, scaffold
+from orbitask.trainers import cli, scaffold
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -21,7 +20,7 @@ def _orbitask():
     return (
         [shutil.which("orbitask")]
         if shutil.which("orbitask")
-        else [sys.executable, "-m", "trainers.cli"]
+        else [sys.executable, "-m", "orbitask.trainers.cli"]
     )
 
 

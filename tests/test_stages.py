@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tf_keras
+from orbitask.tasks import Task
+from orbitask.trainers import run_experiment
 
-from tasks import Task
 from tests.helpers import Recorder, TinyTask, checkpoint_weights
-from trainers import run_experiment
 
 
 def test_update_pre_zeroes_nan_then_clips_global_norm_at_10():

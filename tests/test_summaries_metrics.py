@@ -6,10 +6,10 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
+from orbitask.tasks import DigitsClassification
+from orbitask.trainers import run_experiment
 
-from tasks import DigitsClassification
 from tests.helpers import TinyTask
-from trainers import run_experiment
 
 
 def _tags(directory):

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 import tensorflow as tf
+from orbitask.trainers import ConfigError, WarmStart, run_experiment
 
 from tests.helpers import TinyTask, checkpoint_weights
-from trainers import ConfigError, WarmStart, run_experiment
 
 
 def _train(model_dir, steps, **kwargs):

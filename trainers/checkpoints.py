@@ -9,8 +9,7 @@ import os
 import gin
 import tensorflow as tf
 from absl import logging
-
-from trainers.errors import ConfigError
+from orbitask.trainers.errors import ConfigError
 
 
 def unreadable_reason(path: str) -> str | None:

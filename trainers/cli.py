@@ -15,10 +15,16 @@ import sys
 
 # name -> (module, one-line help). Add a subcommand by adding a row.
 COMMANDS = {
-    "train": ("trainers.train", "train and/or evaluate an experiment (the default)"),
-    "report": ("trainers.report", "plot a run's summaries and print the best metric"),
-    "new": ("trainers.scaffold", "write a Task file and an experiment .gin file to start from"),
-    "launch": ("trainers.launch", "run a job as a cluster of local processes (multi-worker, PS)"),
+    "train": ("orbitask.trainers.train", "train and/or evaluate an experiment (the default)"),
+    "report": ("orbitask.trainers.report", "plot a run's summaries and print the best metric"),
+    "new": (
+        "orbitask.trainers.scaffold",
+        "write a Task file and an experiment .gin file to start from",
+    ),
+    "launch": (
+        "orbitask.trainers.launch",
+        "run a job as a cluster of local processes (multi-worker, PS)",
+    ),
 }
 
 

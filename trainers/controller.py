@@ -20,8 +20,7 @@ from collections.abc import Callable
 import orbit
 import tensorflow as tf
 from absl import logging
-
-from trainers import checkpoints, cluster
+from orbitask.trainers import checkpoints, cluster
 
 
 class Controller(orbit.Controller):

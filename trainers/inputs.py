@@ -34,9 +34,8 @@ from typing import Any
 
 import tensorflow as tf
 from absl import logging
+from orbitask.trainers.cluster import is_parameter_server, num_ps_workers
 from tensorflow.python.data.ops import dataset_ops, prefetch_op
-
-from trainers.cluster import is_parameter_server, num_ps_workers
 
 
 def _build(task: Any, per_replica: int, context, training: bool) -> tf.data.Dataset:

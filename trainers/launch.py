@@ -2,7 +2,7 @@
 
     orbitask launch --workers 2 -- --gin_file=experiments/digits.gin --model_dir=runs/mw
     orbitask launch --workers 2 --ps 1 -- --gin_file=... --model_dir=...   # parameter server
-    python -m trainers.launch ...                                           # the same
+    python -m orbitask.trainers.launch ...                                           # the same
 
 For tests and for trying a cluster configuration on one machine. It only starts processes (the
 usual binary, each with its TF_CONFIG and free ports), prefixes their output, relays SIGTERM /
@@ -105,7 +105,7 @@ class Launcher:
         self.command = [
             sys.executable,
             "-m",
-            "trainers.train",
+            "orbitask.trainers.train",
             *train_argv,
             f"--gin_params=orbitask.run_experiment.strategy = '{strategy}'",
         ]

@@ -13,8 +13,7 @@ from typing import Any
 import gin
 import tensorflow as tf
 import tf_keras
-
-from tasks import keras_compat
+from orbitask.tasks import keras_compat
 
 KINDS = ("constant", "exponential", "cosine")
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 import gin
 import tensorflow as tf
 from absl import logging
-
-from trainers.errors import NonFiniteLossError
+from orbitask.trainers.errors import NonFiniteLossError
 
 
 @gin.configurable("NanGuard", module="orbitask")

@@ -13,8 +13,7 @@ import signal
 import threading
 
 from absl import logging
-
-from trainers.errors import Preempted
+from orbitask.trainers.errors import Preempted
 
 
 class PreemptionWatcher:

@@ -19,10 +19,9 @@ Evaluation runs on the coordinator, reading the variables from the parameter ser
 from __future__ import annotations
 
 import tensorflow as tf
-
-from tasks import keras_compat
-from trainers.cluster import num_ps_workers
-from trainers.trainer import TaskTrainer
+from orbitask.tasks import keras_compat
+from orbitask.trainers.cluster import num_ps_workers
+from orbitask.trainers.trainer import TaskTrainer
 
 
 class ParameterServerTrainer(TaskTrainer):

@@ -9,22 +9,21 @@ import gin
 import orbit
 import orbit.controller
 from absl import logging
-
-from tasks import CallbackContext, keras_compat
-from trainers import checkpoints, cluster, settings, summaries, validation
-from trainers import inputs as inputs_lib
-from trainers.callback_runner import CallbackAction
-from trainers.controller import Controller
-from trainers.determinism import make_deterministic
-from trainers.errors import ConfigError, EarlyStop
-from trainers.learning_rate import LearningRate
-from trainers.loop_length import LoopLength
-from trainers.precision import DynamicLossScale, precision_policy
-from trainers.preemption import PreemptionWatcher
-from trainers.progress import ProgressAction
-from trainers.ps_trainer import ParameterServerTrainer
-from trainers.strategies import build_strategy, logical_cpus
-from trainers.trainer import TaskTrainer
+from orbitask.tasks import CallbackContext, keras_compat
+from orbitask.trainers import checkpoints, cluster, settings, summaries, validation
+from orbitask.trainers import inputs as inputs_lib
+from orbitask.trainers.callback_runner import CallbackAction
+from orbitask.trainers.controller import Controller
+from orbitask.trainers.determinism import make_deterministic
+from orbitask.trainers.errors import ConfigError, EarlyStop
+from orbitask.trainers.learning_rate import LearningRate
+from orbitask.trainers.loop_length import LoopLength
+from orbitask.trainers.precision import DynamicLossScale, precision_policy
+from orbitask.trainers.preemption import PreemptionWatcher
+from orbitask.trainers.progress import ProgressAction
+from orbitask.trainers.ps_trainer import ParameterServerTrainer
+from orbitask.trainers.strategies import build_strategy, logical_cpus
+from orbitask.trainers.trainer import TaskTrainer
 
 # Orbit prints a line to stdout after every device loop; the progress display replaces it, and
 # Orbit's messages still go to the absl log.

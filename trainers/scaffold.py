@@ -33,7 +33,7 @@ import numpy as np
 import tensorflow as tf
 from sklearn.datasets import load_digits
 
-from tasks import Task
+from orbitask import Task
 
 
 @gin.configurable

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import gin
-
-from tasks import Task
+from orbitask.tasks import Task
 
 MODES = ("train", "eval", "train_and_eval", "continuous_eval")
 

@@ -14,8 +14,7 @@ from typing import Any
 import numpy as np
 import orbit
 import tensorflow as tf
-
-from tasks import callbacks
+from orbitask.tasks import callbacks
 
 
 def write(name: str, value: Any, step: Any = None) -> None:

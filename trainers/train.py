@@ -1,7 +1,7 @@
 """The orbitask binary: parse flags, parse gin, call the runner.
 
     orbitask --gin_file=experiments/digits.gin --model_dir=/tmp/digits [--mode=train_and_eval]
-    python -m trainers.train ...   # the same binary
+    python -m orbitask.trainers.train ...   # the same binary
 
 A user mistake (bad flag, gin typo, bad setting) prints one line on stderr and exits with 2.
 """
@@ -33,7 +33,12 @@ flags.DEFINE_enum(
     flag_values=FLAGS,
 )
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+def config_root() -> str:
+    """The folder holding `configs/` and `experiments/`: the repository in a source checkout or
+    an editable install, the installed `orbitask` package otherwise (both are the parent of this
+    module's folder). Eager."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _fail(message: str) -> int:
@@ -43,32 +48,32 @@ def _fail(message: str) -> int:
 
 
 def parse_gin(gin_files: list[str], gin_params: list[str]) -> None:
-    """Parses gin files and bindings with the repository root on gin's search path.
+    """Parses gin files and bindings with `config_root()` on gin's search path.
 
     Raises:
       ConfigError: naming the binding or file that is wrong.
     """
     import gin
+    from orbitask.trainers.errors import ConfigError
 
-    import tasks  # noqa: F401  (registers the configurables)
-    import trainers  # noqa: F401
-    from trainers.errors import ConfigError
+    import orbitask  # noqa: F401  (registers the configurables)
 
     # The working directory, then the repository, ahead of gin's own '' prefix: with '' first,
     # an include such as 'configs/defaults.gin' that is not under the working directory goes to
     # gin's Python-path reader, which crashes on a namespace package (a folder without
     # __init__.py, e.g. configs/ when the repository is on PYTHONPATH).
+    root = config_root()
     prefixes = gin.config._LOCATION_PREFIXES  # noqa: SLF001  (gin has no API for the order)
-    for path in (REPO_ROOT, os.getcwd()):
+    for path in (root, os.getcwd()):
         if path in prefixes:
             prefixes.remove(path)
         prefixes.insert(0, path)
     resolved = []
     for path in gin_files:  # relative to the working directory, else to the repository
         if not os.path.isfile(path):
-            if not os.path.isfile(os.path.join(REPO_ROOT, path)):
+            if not os.path.isfile(os.path.join(root, path)):
                 raise ConfigError(f"--gin_file {path!r} does not exist.")
-            path = os.path.join(REPO_ROOT, path)
+            path = os.path.join(root, path)
         resolved.append(path)
     gin_files = resolved
     # A gin `import my_task` finds my_task.py in the working directory or next to the .gin file.
@@ -98,8 +103,7 @@ def build_task():
       ConfigError: when it is unbound or its constructor rejects a binding.
     """
     import gin
-
-    from trainers.errors import ConfigError
+    from orbitask.trainers.errors import ConfigError
 
     try:
         ref = gin.query_parameter("orbitask.run_experiment.task")
@@ -120,7 +124,7 @@ def build_task():
         raise ConfigError(f"bad gin config: {_one_line(e)}") from e
     if task is gin.REQUIRED:
         raise ConfigError("no task: set TASK = @YourTask() in your experiment's .gin file")
-    from tasks import Task
+    from orbitask.tasks import Task
 
     if not isinstance(task, Task):
         raise ConfigError(
@@ -137,6 +141,7 @@ def _one_line(error: BaseException) -> str:
 
 def main(argv: list[str]) -> int:
     """Runs the binary on `argv` (without the program name); returns the exit status."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TensorFlow's C++ INFO lines
     FLAGS.unparse_flags()  # a second main() in one process must not see the last call's flags
     if {"-h", "--help", "--helpfull"} & set(argv):
         flag_help = FLAGS.get_help(include_special_flags=False).strip()
@@ -152,9 +157,8 @@ def main(argv: list[str]) -> int:
         return _fail("--model_dir is required: where checkpoints and summaries go.")
 
     import gin
-
-    from trainers.errors import ConfigError, NonFiniteLossError, Preempted
-    from trainers.runner import run_experiment
+    from orbitask.trainers.errors import ConfigError, NonFiniteLossError, Preempted
+    from orbitask.trainers.runner import run_experiment
 
     try:
         parse_gin(FLAGS.gin_file, FLAGS.gin_params)

@@ -23,9 +23,8 @@ from typing import Any
 
 import orbit
 import tensorflow as tf
-
-from tasks import keras_compat
-from trainers.evaluation import TaskEvaluator, to_python
+from orbitask.tasks import keras_compat
+from orbitask.trainers.evaluation import TaskEvaluator, to_python
 
 
 class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):

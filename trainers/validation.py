@@ -12,9 +12,8 @@ import uuid
 from typing import Any
 
 import tensorflow as tf
-
-from trainers import inputs
-from trainers.errors import ConfigError
+from orbitask.trainers import inputs
+from orbitask.trainers.errors import ConfigError
 
 
 def check_model_dir(model_dir: str) -> None:
@@ -68,7 +67,7 @@ def check_inputs(
     default `train_step` a batch of zeros of that spec must go through `input_pre`, the model,
     `loss_pre` and the loss eagerly, the loss being a scalar (the SUM over the batch).
     """
-    from tasks import Task
+    from orbitask.tasks import Task
 
     where = "build_inputs" + ("" if training else " (training=False)")
     kind = type(task)

@@ -14,8 +14,7 @@ from typing import Any
 import gin
 import tensorflow as tf
 from absl import logging
-
-from trainers.errors import EarlyStop
+from orbitask.trainers.errors import EarlyStop
 
 
 @gin.configurable("ValidationControl", module="orbitask")
