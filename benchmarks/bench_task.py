@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from orbitask.tasks import Task
-
 from benchmarks import workloads
+from orbitask.tasks import Task
 
 
 class BenchTask(Task):

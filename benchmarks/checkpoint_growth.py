@@ -55,10 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.big_batches:
         return big_batches()
     import tensorflow as tf
-    from orbitask.trainers import run_experiment
 
     from benchmarks import workloads
     from benchmarks.bench_task import BenchTask
+    from orbitask.trainers import run_experiment
 
     batch = workloads.WORKLOADS[args.workload].global_batch
     settings = (
@@ -101,6 +101,7 @@ def big_batches() -> int:
     """Prints the saved input position's size for big batches, with and without the byte bound.
     Eager."""
     import tensorflow as tf
+
     from orbitask.tasks import Task
     from orbitask.trainers import inputs
 

@@ -131,10 +131,10 @@ def run_orbitask(
 
     `fixed_loops`: loops stay at `steps_per_loop` (`loop_seconds = None`)."""
     import gin
-    from orbitask.trainers import run_experiment
-    from orbitask.trainers.train import parse_gin
 
     from benchmarks.bench_task import BenchTask
+    from orbitask.trainers import run_experiment
+    from orbitask.trainers.train import parse_gin
 
     bindings = [
         f"TRAIN_STEPS = {workload.window * (windows + 1)}",

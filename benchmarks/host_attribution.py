@@ -32,15 +32,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=6000)
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from tensorflow.python.ops import summary_ops_v2  # the writer's `as_default` context
+
+    from benchmarks import workloads
+    from benchmarks.bench_task import BenchTask
     from orbitask.trainers import TaskTrainer, run_experiment
     from orbitask.trainers.callback_runner import CallbackAction
     from orbitask.trainers.controller import Controller
     from orbitask.trainers.progress import ProgressAction
     from orbitask.trainers.summaries import LoopSummaryManager
-    from tensorflow.python.ops import summary_ops_v2  # the writer's `as_default` context
-
-    from benchmarks import workloads
-    from benchmarks.bench_task import BenchTask
 
     times: dict[str, list[float]] = {}
 

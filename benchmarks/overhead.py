@@ -42,10 +42,11 @@ def build_orbitask(workload, steps_per_call: int, model_dir: str, quiet: bool = 
     `quiet`: the default callbacks and the progress display off.
     """
     import gin
-    import orbitask.trainers.runner
-    from orbitask.trainers.train import parse_gin
 
+    import orbitask.trainers.experiment
+    import orbitask.trainers.runner
     from benchmarks.bench_task import BenchTask
+    from orbitask.trainers.train import parse_gin
 
     built = []
 
@@ -66,7 +67,7 @@ def build_orbitask(workload, steps_per_call: int, model_dir: str, quiet: bool = 
     original, orbitask.trainers.runner.Controller = orbitask.trainers.runner.Controller, Recorded
     try:
         task = BenchTask(workload.name, lambda: None, [], callbacks=not quiet)
-        orbitask.trainers.runner.run_experiment(task=task, model_dir=model_dir, mode="train")
+        orbitask.trainers.experiment.run_experiment(task=task, model_dir=model_dir, mode="train")
     finally:
         orbitask.trainers.runner.Controller = original
         gin.clear_config()

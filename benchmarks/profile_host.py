@@ -36,11 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-    from orbitask.trainers import run_experiment
-    from orbitask.trainers.train import parse_gin
-
     from benchmarks import workloads
     from benchmarks.bench_task import BenchTask
+    from orbitask.trainers import run_experiment
+    from orbitask.trainers.train import parse_gin
 
     profile = cProfile.Profile()
     started = []

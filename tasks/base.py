@@ -30,9 +30,11 @@ from typing import Any
 import gin
 import numpy as np
 import tensorflow as tf
+
 from orbitask.tasks import callbacks as callbacks_lib
 from orbitask.tasks import gradients as gradients_lib
 from orbitask.tasks import keras_compat
+from orbitask.tasks.errors import ConfigError
 
 
 def _batch_size(tree: Any) -> tf.Tensor:
@@ -42,7 +44,7 @@ def _batch_size(tree: Any) -> tf.Tensor:
 
 def _check_positive_int_or_none(name: str, value: Any) -> None:
     if value is not None and not (type(value) is int and value > 0):
-        raise ValueError(
+        raise ConfigError(
             f"`{name}` must be a positive int or None; received {value!r}. "
             f"Set Task.{name} in your .gin file."
         )
@@ -82,14 +84,14 @@ class Task:
         name: str | None = None,
     ):
         if clip_norm is not None and not clip_norm > 0:
-            raise ValueError(
+            raise ConfigError(
                 f"`clip_norm` must be positive or None; received {clip_norm!r}. "
                 "Set Task.clip_norm in your .gin file."
             )
         _check_positive_int_or_none("train_prefetch", train_prefetch)
         _check_positive_int_or_none("train_prefetch_bytes", train_prefetch_bytes)
         if keras_flavour not in (None, *keras_compat.FLAVOURS):
-            raise ValueError(
+            raise ConfigError(
                 f"`keras_flavour` must be None, 'keras' or 'tf_keras'; received {keras_flavour!r}."
             )
         self.clip_norm = clip_norm

@@ -27,8 +27,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import tensorflow as tf
+
 from orbitask.tasks import callbacks as callbacks_lib
 from orbitask.tasks.base import Task
+from orbitask.tasks.errors import ConfigError
 
 REQUIRED = ("create_dataset", "create_model", "create_loss")
 OPTIONAL = (
@@ -107,7 +109,7 @@ class CallbackTask(Task):
         given["create_loss"] = create_loss
         missing = [name for name in REQUIRED if given[name] is None]
         if missing:
-            raise TypeError(
+            raise ConfigError(
                 "CallbackTask is missing the required seed function(s) "
                 f"{', '.join(missing)}; pass them as keyword arguments "
                 "(e.g. CallbackTask(create_dataset=create_dataset, ...))."
@@ -125,7 +127,7 @@ class CallbackTask(Task):
         ):
             if fn is not None:
                 if not callable(fn):
-                    raise TypeError(f"CallbackTask `{name}` must be callable; received {fn!r}.")
+                    raise ConfigError(f"CallbackTask `{name}` must be callable; received {fn!r}.")
                 self._fns[name] = fn
         if every_steps is None:
             self._every_steps = {10: callbacks_lib.print_loss}

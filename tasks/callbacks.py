@@ -25,6 +25,8 @@ from typing import Any
 import tensorflow as tf
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 
+from orbitask.tasks.errors import ConfigError
+
 Callback = Callable[[Any, "CallbackContext"], None]
 
 
@@ -226,14 +228,14 @@ def as_callback_lists(table: Mapping[int, Any] | None, name: str) -> dict[int, l
     out: dict[int, list[Callback]] = {}
     for key, value in (table or {}).items():
         if isinstance(key, bool) or not isinstance(key, int) or key < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"`{name}` keys must be positive integers (steps); received {key!r}. "
                 f"Fix the `{name}` table of your Task."
             )
         fns = list(value) if isinstance(value, (list, tuple)) else [value]
         for fn in fns:
             if not callable(fn):
-                raise TypeError(f"`{name}[{key}]` must be callable; received {fn!r}.")
+                raise ConfigError(f"`{name}[{key}]` must be callable; received {fn!r}.")
         if fns:
             out[key] = fns
     return out

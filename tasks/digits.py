@@ -6,8 +6,9 @@ import gin
 import keras
 import numpy as np
 import tensorflow as tf
-from orbitask.tasks.base import Task
 from sklearn.datasets import load_digits
+
+from orbitask.tasks.base import Task
 
 
 def digits_split(validation_fraction: float = 0.2, seed: int = 0):

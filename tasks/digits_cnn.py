@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gin
 import keras
+
 from orbitask.tasks.digits import DigitsClassification
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import gin
 import keras
 import tensorflow as tf
+
 from orbitask.tasks import keras_compat
 from orbitask.tasks.base import Task
 from orbitask.tasks.digits import digits_split

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gin
+
 from orbitask.tasks.digits import DigitsClassification
 
 

@@ -14,6 +14,8 @@ import keras
 import tensorflow as tf
 import tf_keras
 
+from orbitask.tasks.errors import ConfigError
+
 KERAS3 = "keras"
 TF_KERAS = "tf_keras"
 FLAVOURS = (KERAS3, TF_KERAS)
@@ -52,7 +54,7 @@ def optimizer_flavour(optimizer: Any) -> str | None:
 def nadam(learning_rate: float, epsilon: float, flavour: str) -> Any:
     """The seed's default optimizer, `Nadam(learning_rate, epsilon)`, from the given flavour."""
     if flavour not in FLAVOURS:
-        raise ValueError(
+        raise ConfigError(
             f"`keras_flavour` must be one of {FLAVOURS}; received {flavour!r}. "
             "Set it on your Task or leave it None to follow the model."
         )
@@ -71,7 +73,7 @@ def check_matching(model: Any, optimizer: Any) -> None:
         return
     m, o = model_flavour(model), optimizer_flavour(optimizer)
     if m and o and m != o:
-        raise TypeError(
+        raise ConfigError(
             f"The model is a {m} model but the optimizer is a {o} optimizer "
             f"({type(optimizer).__name__}); build the optimizer from `{m}.optimizers` "
             "in your Task's build_optimizer (or create_opt)."
@@ -91,7 +93,7 @@ def build_optimizer_slots(optimizer: Any, variables: list, model: Any = None) ->
             if optimizer_flavour(value) != KERAS3:
                 continue
             if not isinstance(model, dict) or key not in model:
-                raise ValueError(
+                raise ConfigError(
                     f"build_optimizer returned a dict of optimizers with key {key!r}, but "
                     "build_model returned no model of that name; return dicts with the same keys."
                 )

@@ -29,8 +29,10 @@ import gin
 import keras
 import tensorflow as tf
 import tf_keras
+
 from orbitask.tasks import keras_compat
 from orbitask.tasks.base import Task
+from orbitask.tasks.errors import ConfigError
 
 SHARING = ("shared", "trunk", "separate")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -125,23 +127,23 @@ class MultiTask(Task):
         self.names = tuple(self.tasks)
         self.weights = _weights(weights, self.names)
         if sharing not in SHARING:
-            raise ValueError(
+            raise ConfigError(
                 f"`MultiTask.sharing` must be one of {', '.join(SHARING)}; received {sharing!r}."
             )
         if isinstance(head_layers, bool) or not isinstance(head_layers, int) or head_layers < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"`MultiTask.head_layers` must be a positive integer; received {head_layers!r}."
             )
         excluded = tuple(exclude_from_validation or ())
         unknown = [name for name in excluded if name not in self.tasks]
         if unknown:
-            raise ValueError(
+            raise ConfigError(
                 f"`MultiTask.exclude_from_validation` names unknown task(s) {unknown}; the tasks "
                 f"are {list(self.names)}."
             )
         self.validation_names = tuple(n for n in self.names if n not in excluded)
         if not self.validation_names:
-            raise ValueError(
+            raise ConfigError(
                 "`MultiTask.exclude_from_validation` excludes every task; keep at least one, or "
                 "run with --mode=train."
             )
@@ -177,7 +179,7 @@ class MultiTask(Task):
         models = {name: self.tasks[name].build_model() for name in built}
         flavours = {name: keras_compat.model_flavour(model) for name, model in models.items()}
         if None in flavours.values() or len(set(flavours.values())) != 1:
-            raise TypeError(
+            raise ConfigError(
                 "MultiTask needs Keras models of one flavour (all Keras 3 or all tf_keras) from "
                 f"its tasks' build_model; received {flavours}."
             )
@@ -197,13 +199,13 @@ class MultiTask(Task):
         k = self.head_layers
         for name, model in models.items():
             if not isinstance(model, (keras.Sequential, tf_keras.Sequential)):
-                raise TypeError(
+                raise ConfigError(
                     f"MultiTask(sharing='trunk') splits each task's model into trunk and head by "
                     f"layers and needs a Sequential; task {name!r} built a "
                     f"{type(model).__name__}. Use sharing='shared' or 'separate'."
                 )
             if len(model.layers) <= k:
-                raise ValueError(
+                raise ConfigError(
                     f"MultiTask(sharing='trunk'): task {name!r}'s model has "
                     f"{len(model.layers)} layer(s), too few for a trunk and {k} head layer(s); "
                     "lower MultiTask.head_layers."
@@ -328,18 +330,18 @@ class MultiTask(Task):
 
 def _named_tasks(tasks: Any) -> dict[str, Task]:
     if not isinstance(tasks, Mapping) or not tasks:
-        raise TypeError(
+        raise ConfigError(
             "`MultiTask.tasks` must be a non-empty dict {name: Task}; received "
             f"{tasks!r} of type {type(tasks).__name__}."
         )
     named = dict(tasks)
     for name, task in named.items():
         if not isinstance(name, str) or not _NAME.match(name):
-            raise ValueError(
+            raise ConfigError(
                 f"MultiTask task names must be identifiers (letters, digits, _); received {name!r}."
             )
         if not isinstance(task, Task):
-            raise TypeError(
+            raise ConfigError(
                 f"`MultiTask.tasks[{name!r}]` must be a tasks.Task; received {task!r} of type "
                 f"{type(task).__name__}."
             )
@@ -350,7 +352,7 @@ def _weights(weights: Any, names: tuple) -> dict[str, float]:
     if weights is None:
         return {name: 1.0 for name in names}
     if not isinstance(weights, Mapping) or set(weights) != set(names):
-        raise ValueError(
+        raise ConfigError(
             f"`MultiTask.weights` must be a dict with one weight per task {list(names)}; "
             f"received {weights!r}."
         )
@@ -358,7 +360,7 @@ def _weights(weights: Any, names: tuple) -> dict[str, float]:
     if any(
         isinstance(w, bool) or not isinstance(w, (int, float)) or w < 0 for w in values.values()
     ) or not sum(values.values()):
-        raise ValueError(
+        raise ConfigError(
             f"`MultiTask.weights` must be non-negative numbers, not all zero; received {weights!r}."
         )
     return {name: float(w) for name, w in values.items()}

@@ -13,6 +13,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import gin  # noqa: E402
 import pytest  # noqa: E402
+
 from orbitask.trainers import logical_cpus  # noqa: E402
 
 logical_cpus(2)

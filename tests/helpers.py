@@ -6,6 +6,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 import tf_keras
+
 from orbitask.tasks import Task
 
 

@@ -4,8 +4,8 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from orbitask.trainers import ConfigError, run_experiment
 
+from orbitask.trainers import ConfigError, run_experiment
 from tests.helpers import TinyTask
 
 

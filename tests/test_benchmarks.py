@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 import tensorflow as tf
-from orbitask.trainers import ConfigError, run_experiment
 
+from orbitask.trainers import ConfigError, run_experiment
 from tests.helpers import TinyTask
 
 ROOT = Path(__file__).resolve().parents[1]

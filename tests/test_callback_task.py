@@ -8,9 +8,9 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+
 from orbitask.tasks import CallbackTask
 from orbitask.trainers import run_experiment
-
 from tests import seed_program
 
 SEED_FUNCTIONS = (

@@ -2,9 +2,9 @@
 
 import pytest
 import tensorflow as tf
+
 from orbitask.trainers import run_experiment
 from orbitask.trainers.errors import ConfigError
-
 from tests.helpers import TinyTask
 
 

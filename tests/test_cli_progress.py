@@ -4,6 +4,7 @@ import io
 import sys
 
 import tensorflow as tf
+
 from orbitask.trainers.progress import ProgressAction
 
 

@@ -5,11 +5,11 @@ import os
 
 import pytest
 import tensorflow as tf
+
 from orbitask.tasks import callbacks, deferred
 from orbitask.trainers import TaskTrainer, run_experiment
 from orbitask.trainers.report import read_events
 from orbitask.trainers.summaries import LoopSummaryManager
-
 from tests.helpers import Recorder, TinyTask
 
 

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-from orbitask.trainers import run_experiment
 
+from orbitask.trainers import run_experiment
 from tests.helpers import Recorder, TinyTask
 
 

@@ -5,9 +5,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
+
 from orbitask.tasks import DigitsGAN
 from orbitask.trainers import run_experiment, train
-
 from tests.helpers import Recorder
 
 REPO = Path(__file__).resolve().parents[1]

@@ -13,6 +13,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+
 from orbitask.tasks import Task, keras_compat
 from orbitask.trainers import train
 from orbitask.trainers.errors import ConfigError

@@ -2,8 +2,8 @@
 
 import pytest
 import tensorflow as tf
-from orbitask.trainers import run_experiment
 
+from orbitask.trainers import run_experiment
 from tests.helpers import Recorder, TinyTask
 
 STAGES = ("input_pre", "loss_pre", "grad_pre", "process_metrics", "update_pre")

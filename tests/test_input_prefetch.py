@@ -12,8 +12,8 @@ import time
 
 import numpy as np
 import tensorflow as tf
-from orbitask.trainers import inputs
 
+from orbitask.trainers import inputs
 from tests.helpers import TinyTask
 
 

@@ -14,6 +14,7 @@ import threading
 import time
 
 import pytest
+
 from orbitask.trainers import cli, launch
 
 # Acts out plan[role] for the role in its TF_CONFIG: "ok", "sleep", "exit N [AFTER_S]", "kill",

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from orbitask.trainers import ConfigError, run_experiment
 from orbitask.trainers.controller import Controller
 from orbitask.trainers.loop_length import LoopLength
-
 from tests.helpers import TinyTask, checkpoint_weights
 
 

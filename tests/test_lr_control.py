@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 import tensorflow as tf
-from orbitask.trainers import ValidationControl, learning_rate_schedule, run_experiment
 
+from orbitask.trainers import ValidationControl, learning_rate_schedule, run_experiment
 from tests.helpers import Recorder, TinyTask, checkpoint_weights
 
 

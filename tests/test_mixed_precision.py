@@ -2,8 +2,8 @@
 
 import numpy as np
 import pytest
-from orbitask.trainers import ConfigError, run_experiment
 
+from orbitask.trainers import ConfigError, run_experiment
 from tests.helpers import Recorder, TinyTask, checkpoint_weights
 
 

@@ -2,8 +2,8 @@
 
 import numpy as np
 import tensorflow as tf
-from orbitask.trainers import run_experiment
 
+from orbitask.trainers import run_experiment
 from tests.helpers import TinyTask
 
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tf_keras
+
 from orbitask.tasks import DigitsClassification, DigitsParity, MultiTask
 from orbitask.trainers import run_experiment, train
-
 from tests.helpers import Recorder, TinyTask
 
 REPO = Path(__file__).resolve().parents[1]

@@ -6,8 +6,8 @@ Runs with oneDNN off (conftest): oneDNN's fused kernels turn NaN into 0 in graph
 import numpy as np
 import pytest
 import tensorflow as tf
-from orbitask.trainers import NanGuard, NonFiniteLossError, run_experiment
 
+from orbitask.trainers import NanGuard, NonFiniteLossError, run_experiment
 from tests.helpers import Recorder, TinyTask, checkpoint_weights
 
 B = 8

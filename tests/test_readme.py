@@ -174,6 +174,7 @@ def _run_blocks(spec_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
     sys.path.insert(0, os.getcwd())
     import gin
+
     from orbitask.trainers import train
 
     for block in spec["blocks"]:

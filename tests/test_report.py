@@ -3,9 +3,9 @@
 import re
 
 import pytest
-from orbitask.trainers import cli, report, run_experiment
 from PIL import Image
 
+from orbitask.trainers import cli, report, run_experiment
 from tests.helpers import TinyTask
 
 

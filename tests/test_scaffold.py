@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from orbitask.trainers import cli, scaffold
 
 REPO = Path(__file__).resolve().parents[1]

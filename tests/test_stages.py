@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tf_keras
+
 from orbitask.tasks import Task
 from orbitask.trainers import run_experiment
-
 from tests.helpers import Recorder, TinyTask, checkpoint_weights
 
 

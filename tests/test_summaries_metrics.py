@@ -6,9 +6,9 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
+
 from orbitask.tasks import DigitsClassification
 from orbitask.trainers import run_experiment
-
 from tests.helpers import TinyTask
 
 

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-from orbitask.trainers import ConfigError, WarmStart, run_experiment
 
+from orbitask.trainers import ConfigError, WarmStart, run_experiment
 from tests.helpers import TinyTask, checkpoint_weights
 
 

@@ -2,9 +2,9 @@
 
 from orbitask.trainers.ema import ExponentialMovingAverage
 from orbitask.trainers.errors import ConfigError, NonFiniteLossError, Preempted
+from orbitask.trainers.experiment import run_experiment
 from orbitask.trainers.learning_rate import learning_rate_schedule
 from orbitask.trainers.nan_guard import NanGuard
-from orbitask.trainers.runner import run_experiment
 from orbitask.trainers.strategies import build_strategy, logical_cpus
 from orbitask.trainers.trainer import TaskTrainer
 from orbitask.trainers.validation_control import ValidationControl

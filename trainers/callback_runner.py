@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
+
 from orbitask.tasks import callbacks as callbacks_lib
 
 

@@ -9,6 +9,7 @@ import os
 import gin
 import tensorflow as tf
 from absl import logging
+
 from orbitask.trainers.errors import ConfigError
 
 

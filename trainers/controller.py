@@ -20,6 +20,7 @@ from collections.abc import Callable
 import orbit
 import tensorflow as tf
 from absl import logging
+
 from orbitask.trainers import checkpoints, cluster
 
 

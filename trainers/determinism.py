@@ -9,6 +9,8 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
+from orbitask.trainers.errors import ConfigError
+
 
 def make_deterministic(seed: int) -> None:
     """Seeds Python, NumPy, TensorFlow and both Keras flavours; enables op determinism.
@@ -17,7 +19,7 @@ def make_deterministic(seed: int) -> None:
     Two fresh runs of the same experiment then give identical weights.
     """
     if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(
+        raise ConfigError(
             f"`seed` must be an integer or None; received {seed!r}. Set run_experiment.seed."
         )
     random.seed(seed)

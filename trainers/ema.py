@@ -14,6 +14,8 @@ from typing import Any
 import gin
 import tensorflow as tf
 
+from orbitask.trainers.errors import ConfigError
+
 
 @gin.configurable("ExponentialMovingAverage", module="orbitask")
 class ExponentialMovingAverage:
@@ -25,7 +27,7 @@ class ExponentialMovingAverage:
 
     def __init__(self, decay: float = 0.999):
         if not 0.0 < decay < 1.0:
-            raise ValueError(
+            raise ConfigError(
                 f"`ExponentialMovingAverage.decay` must be in (0, 1); received {decay!r}."
             )
         self.decay = decay

@@ -1,8 +1,8 @@
-"""`ConfigError`: a user mistake found before any work, shown by the binary as one line."""
+"""The exceptions a run raises on purpose: a configuration mistake, a lost loss, preemption."""
 
+from orbitask.tasks.errors import ConfigError
 
-class ConfigError(ValueError):
-    """A bad setting (gin binding, flag, dataset shape, ...), detected before the first step."""
+__all__ = ["ConfigError", "EarlyStop", "NonFiniteLossError", "Preempted"]
 
 
 class NonFiniteLossError(RuntimeError):

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import orbit
 import tensorflow as tf
+
 from orbitask.trainers.cluster import all_replica_values
 
 

@@ -34,14 +34,16 @@ from typing import Any
 
 import tensorflow as tf
 from absl import logging
-from orbitask.trainers.cluster import is_parameter_server, num_ps_workers
 from tensorflow.python.data.ops import dataset_ops, prefetch_op
+
+from orbitask.trainers.cluster import is_parameter_server, num_ps_workers
+from orbitask.trainers.errors import ConfigError
 
 
 def _build(task: Any, per_replica: int, context, training: bool) -> tf.data.Dataset:
     dataset = task.build_inputs(per_replica, context, training=training)
     if not isinstance(dataset, tf.data.Dataset):
-        raise TypeError(
+        raise ConfigError(
             f"{type(task).__name__}.build_inputs must return a tf.data.Dataset; received "
             f"{type(dataset).__name__}."
         )

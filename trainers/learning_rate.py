@@ -13,7 +13,9 @@ from typing import Any
 import gin
 import tensorflow as tf
 import tf_keras
+
 from orbitask.tasks import keras_compat
+from orbitask.trainers.errors import ConfigError
 
 KINDS = ("constant", "exponential", "cosine")
 
@@ -44,11 +46,11 @@ def learning_rate_schedule(
       ValueError: for an unknown kind or a missing `decay_steps`.
     """
     if kind not in KINDS:
-        raise ValueError(
+        raise ConfigError(
             f"`learning_rate_schedule.kind` must be one of {', '.join(KINDS)}; received {kind!r}."
         )
     if kind != "constant" and not decay_steps:
-        raise ValueError(
+        raise ConfigError(
             f"`learning_rate_schedule.decay_steps` must be set for kind={kind!r} "
             "(e.g. TRAIN_STEPS); bind it in your .gin file."
         )

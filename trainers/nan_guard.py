@@ -10,7 +10,8 @@ from __future__ import annotations
 import gin
 import tensorflow as tf
 from absl import logging
-from orbitask.trainers.errors import NonFiniteLossError
+
+from orbitask.trainers.errors import ConfigError, NonFiniteLossError
 
 
 @gin.configurable("NanGuard", module="orbitask")
@@ -26,7 +27,7 @@ class NanGuard:
     def __init__(self, patience: int = 3, max_rollbacks: int = 1):
         for name, value, low in (("patience", patience, 1), ("max_rollbacks", max_rollbacks, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(
+                raise ConfigError(
                     f"`NanGuard.{name}` must be an integer >= {low}; received {value!r}. "
                     "Fix it in your .gin file."
                 )

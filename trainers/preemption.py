@@ -13,6 +13,7 @@ import signal
 import threading
 
 from absl import logging
+
 from orbitask.trainers.errors import Preempted
 
 

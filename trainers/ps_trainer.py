@@ -19,8 +19,10 @@ Evaluation runs on the coordinator, reading the variables from the parameter ser
 from __future__ import annotations
 
 import tensorflow as tf
+
 from orbitask.tasks import keras_compat
 from orbitask.trainers.cluster import num_ps_workers
+from orbitask.trainers.errors import ConfigError
 from orbitask.trainers.trainer import TaskTrainer
 
 
@@ -37,7 +39,7 @@ class ParameterServerTrainer(TaskTrainer):
 
     def __init__(self, **kwargs):
         if kwargs.get("nan_guard") is not None:
-            raise ValueError(
+            raise ConfigError(
                 "`nan_guard` is not supported with strategy='parameter_server' (workers update "
                 "asynchronously); remove run_experiment.nan_guard from your .gin file."
             )

@@ -1,11 +1,15 @@
-"""Checks of `run_experiment`'s settings before any work: one line naming the setting and fix."""
+"""`run_experiment`'s settings, grouped (loop, checkpoints, evaluation, distribution, features),
+and their checks before any work: one line naming the setting and the fix."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import gin
+
 from orbitask.tasks import Task
+from orbitask.trainers.errors import ConfigError
 
 MODES = ("train", "eval", "train_and_eval", "continuous_eval")
 
@@ -15,7 +19,7 @@ def check_positive(name: str, value: Any, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(
+        raise ConfigError(
             f"`{name}` must be a positive integer; received {value!r}. "
             f"Set run_experiment.{name} in your experiment's .gin file or with --gin_params."
         )
@@ -26,81 +30,241 @@ def check_seconds(name: str, value: Any) -> None:
     if value is not None and (
         isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0
     ):
-        raise ValueError(
+        raise ConfigError(
             f"`{name}` must be a positive number or None; received {value!r}. "
             f"Set run_experiment.{name} in your .gin file."
         )
 
 
-def check(
-    *,
-    task: Any,
-    model_dir: Any,
-    mode: str,
-    train_steps: Any,
-    global_batch_size: Any,
-    steps_per_loop: Any,
-    eval_interval: Any,
-    eval_steps: Any,
-    checkpoint_interval: Any,
-    checkpoint_seconds: Any,
-    loop_seconds: Any,
-    cpu_devices: Any,
-    mixed_precision: Any,
-    gradient_accumulation_steps: Any,
-    histogram_interval: Any,
-) -> None:
-    """Checks `run_experiment`'s settings that need no TensorFlow objects. Eager; returns None.
+@dataclasses.dataclass(frozen=True)
+class LoopSettings:
+    """How training steps run: length, batch, learning rate, device loops, compilation.
+
+    Attributes:
+      train_steps: the global step training stops at.
+      global_batch_size: one step's batch over all replicas; `build_inputs` gets
+        `global_batch_size / num_replicas_in_sync`.
+      learning_rate: the rate (float), or a `step -> rate` schedule such as
+        `@orbitask.learning_rate_schedule()`; kept in a checkpointed variable.
+      steps_per_loop: a device loop's steps; loops also end where a callback, an evaluation
+        or a checkpoint is due.
+      loop_seconds: loops of quick steps double, up to 100 x `steps_per_loop`, while one lasts
+        less than half this; None: loops stay at `steps_per_loop`.
+      use_tf_while_loop: run each device loop as one `tf.while_loop`.
+      jit_compile: compile the per-replica train step with XLA (`tf.function(jit_compile=True)`).
+      gradient_accumulation_steps: K batches of `global_batch_size` per optimizer update; the
+        global step and callbacks count updates.
+      seed: when set, seeds everything and enables op determinism (two fresh runs give
+        identical weights).
+      progress: show the progress display.
+    """
+
+    train_steps: int
+    global_batch_size: int = 64
+    learning_rate: Any = 1e-3
+    steps_per_loop: int = 100
+    loop_seconds: float | None = 1.0
+    use_tf_while_loop: bool = True
+    jit_compile: bool = False
+    gradient_accumulation_steps: int = 1
+    seed: int | None = None
+    progress: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointSettings:
+    """When checkpoints are saved (also at the end, on SIGTERM and at early stop) and what a
+    fresh run starts from.
+
+    Attributes:
+      interval: `checkpoint_interval`: save at every multiple of this step (None: no step rule).
+      seconds: `checkpoint_seconds`: save after the first device loop that ends this many
+        seconds after the last save (None: no time rule).
+      warm_start: an `orbitask.WarmStart` copying model weights from a pretrained checkpoint
+        into a fresh run (never the optimizer, step or input position), or None.
+    """
+
+    interval: int | None = None
+    seconds: float | None = 600.0
+    warm_start: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSettings:
+    """When and how much to evaluate, and what evaluation controls.
+
+    Attributes:
+      interval: `eval_interval`: train steps between evaluations in train_and_eval (None: only
+        at the end).
+      steps: `eval_steps`: validation steps per evaluation; None runs the whole dataset.
+      continuous_timeout: `continuous_eval_timeout`: in continuous_eval, seconds between checks
+        for a new checkpoint (default 30); it stops after evaluating the one at `train_steps`.
+      validation_control: an `orbitask.ValidationControl` (best-checkpoint export to `best/`,
+        LR halving on a worse validation, early stop), or None.
+    """
+
+    interval: int | None = 500
+    steps: int | None = None
+    continuous_timeout: float | None = None
+    validation_control: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributionSettings:
+    """Where the replicas run.
+
+    Attributes:
+      strategy: a name ("auto", "one_device", "mirrored", "multi_worker_mirrored",
+        "parameter_server") or a `tf.distribute.Strategy`.
+      cpu_devices: split the CPU into this many logical devices first (so `mirrored` has that
+        many replicas without GPUs); must be set before TensorFlow has started.
+    """
+
+    strategy: Any = "auto"
+    cpu_devices: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureSettings:
+    """Optional features, each off (None) unless set.
+
+    Attributes:
+      nan_guard: an `orbitask.NanGuard` to skip non-finite steps and roll back; None keeps the
+        seed's behaviour (NaN gradients zeroed, step taken).
+      mixed_precision: None, "mixed_float16" (the default step scales the loss dynamically and
+        skips overflowing steps) or "mixed_bfloat16"; the Keras policy of both flavours while
+        the model is built. Give the model a float32 output layer.
+      ema: an `orbitask.ExponentialMovingAverage`: evaluate and export the averaged weights.
+      histogram_interval: write histograms of the trainable variables every this many steps.
+    """
+
+    nan_guard: Any = None
+    mixed_precision: str | None = None
+    ema: Any = None
+    histogram_interval: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Every setting of a run, grouped. `from_flat` maps `run_experiment`'s arguments here."""
+
+    loop: LoopSettings
+    checkpoints: CheckpointSettings = CheckpointSettings()
+    evaluation: EvalSettings = EvalSettings()
+    distribution: DistributionSettings = DistributionSettings()
+    features: FeatureSettings = FeatureSettings()
+
+    @classmethod
+    def from_flat(cls, **flat: Any) -> Settings:
+        """Groups `run_experiment`'s keyword arguments (all but task, model_dir, mode). Eager;
+        returns the Settings."""
+        groups = {}
+        for field, (group, names) in _FLAT.items():
+            groups[field] = group(**{short: flat.pop(name) for name, short in names.items()})
+        if flat:
+            raise ConfigError(f"unknown settings {sorted(flat)}; see run_experiment's arguments.")
+        return cls(**groups)
+
+
+def _same(cls) -> dict:
+    return {f.name: f.name for f in dataclasses.fields(cls)}
+
+
+# Settings field -> (group, {run_experiment argument: the group's field}).
+_FLAT = {
+    "loop": (LoopSettings, _same(LoopSettings)),
+    "checkpoints": (
+        CheckpointSettings,
+        {
+            "checkpoint_interval": "interval",
+            "checkpoint_seconds": "seconds",
+            "warm_start": "warm_start",
+        },
+    ),
+    "evaluation": (
+        EvalSettings,
+        {
+            "eval_interval": "interval",
+            "eval_steps": "steps",
+            "continuous_eval_timeout": "continuous_timeout",
+            "validation_control": "validation_control",
+        },
+    ),
+    "distribution": (DistributionSettings, _same(DistributionSettings)),
+    "features": (FeatureSettings, _same(FeatureSettings)),
+}
+
+
+def check(task: Any, model_dir: Any, mode: str, settings: Settings) -> None:
+    """Checks the settings that need no TensorFlow objects. Eager; returns None.
 
     Raises:
-      ValueError: naming the first bad setting and where to fix it.
+      ConfigError: naming the first bad setting and where to fix it.
     """
-    for name, value in (("task", task), ("model_dir", model_dir), ("train_steps", train_steps)):
+    loop, features = settings.loop, settings.features
+    for name, value in (
+        ("task", task),
+        ("model_dir", model_dir),
+        ("train_steps", loop.train_steps),
+    ):
         if value is gin.REQUIRED:
-            raise ValueError(
+            raise ConfigError(
                 f"`{name}` is required and not set: bind it in your experiment's .gin file "
                 "(TASK, TRAIN_STEPS) or pass it to run_experiment."
             )
     if mode not in MODES:
-        raise ValueError(
+        raise ConfigError(
             f"`mode` must be one of {', '.join(MODES)}; received {mode!r}. Use --mode."
         )
-    check_positive("train_steps", train_steps)
-    check_positive("global_batch_size", global_batch_size)
-    check_positive("steps_per_loop", steps_per_loop)
-    check_positive("eval_interval", eval_interval, allow_none=True)
-    check_positive("eval_steps", eval_steps, allow_none=True)
-    check_positive("checkpoint_interval", checkpoint_interval, allow_none=True)
-    check_positive("cpu_devices", cpu_devices, allow_none=True)
-    check_seconds("checkpoint_seconds", checkpoint_seconds)
-    check_seconds("loop_seconds", loop_seconds)
-    if mixed_precision not in (None, "mixed_float16", "mixed_bfloat16"):
-        raise ValueError(
+    for name in (
+        "train_steps",
+        "global_batch_size",
+        "steps_per_loop",
+        "gradient_accumulation_steps",
+    ):
+        check_positive(name, getattr(loop, name))
+    optional = {
+        "eval_interval": settings.evaluation.interval,
+        "eval_steps": settings.evaluation.steps,
+        "checkpoint_interval": settings.checkpoints.interval,
+        "cpu_devices": settings.distribution.cpu_devices,
+        "histogram_interval": features.histogram_interval,
+    }
+    for name, value in optional.items():
+        check_positive(name, value, allow_none=True)
+    check_seconds("checkpoint_seconds", settings.checkpoints.seconds)
+    check_seconds("loop_seconds", loop.loop_seconds)
+    if features.mixed_precision not in (None, "mixed_float16", "mixed_bfloat16"):
+        raise ConfigError(
             "`mixed_precision` must be None, 'mixed_float16' or 'mixed_bfloat16'; received "
-            f"{mixed_precision!r}. Set run_experiment.mixed_precision in your .gin file."
+            f"{features.mixed_precision!r}. Set run_experiment.mixed_precision in your .gin file."
         )
-    if mixed_precision == "mixed_float16" and type(task).train_step is not Task.train_step:
-        raise ValueError(
+    _check_default_step(task, features.mixed_precision == "mixed_float16", loop)
+    if not isinstance(model_dir, str) or not model_dir:
+        raise ConfigError(f"`model_dir` must be a non-empty path; received {model_dir!r}.")
+
+
+def _check_default_step(task: Any, float16: bool, loop: LoopSettings) -> None:
+    if type(task).train_step is Task.train_step:
+        return
+    name = type(task).__name__
+    if float16:
+        raise ConfigError(
             f"mixed_float16 loss scaling needs the default train_step, but "
-            f"{type(task).__name__} overrides it; scale the loss in your train_step (see "
+            f"{name} overrides it; scale the loss in your train_step (see "
             "README, Mixed precision) and use mixed_bfloat16, or keep the default step."
         )
-    check_positive("gradient_accumulation_steps", gradient_accumulation_steps)
-    check_positive("histogram_interval", histogram_interval, allow_none=True)
-    uses_default_step = type(task).train_step is Task.train_step
-    if gradient_accumulation_steps > 1 and not uses_default_step:
-        raise ValueError(
+    if loop.gradient_accumulation_steps > 1:
+        raise ConfigError(
             f"gradient_accumulation_steps needs the default train_step, but "
-            f"{type(task).__name__} overrides it; accumulate in your train_step instead."
+            f"{name} overrides it; accumulate in your train_step instead."
         )
-    if not isinstance(model_dir, str) or not model_dir:
-        raise ValueError(f"`model_dir` must be a non-empty path; received {model_dir!r}.")
 
 
 def check_cpu_devices(wanted: int, got: int) -> None:
     """Raises ValueError when TensorFlow started with another number of CPU devices."""
     if got != wanted:
-        raise ValueError(
+        raise ConfigError(
             f"`cpu_devices` is {wanted} but TensorFlow already started with {got} CPU "
             "device(s); set it before anything else uses TensorFlow."
         )
@@ -111,12 +275,12 @@ def check_replicas(replicas: int, global_batch_size: int, jit_compile: bool) -> 
     import tensorflow as tf
 
     if global_batch_size % replicas:
-        raise ValueError(
+        raise ConfigError(
             f"`global_batch_size` ({global_batch_size}) must be divisible by the number of "
             f"replicas ({replicas}). Change run_experiment.global_batch_size."
         )
     if jit_compile and replicas > 1 and not tf.config.list_logical_devices("GPU"):
-        raise ValueError(
+        raise ConfigError(
             f"`jit_compile=True` cannot run {replicas} replicas on logical CPU devices (XLA on "
             "CPU reaches only the first one). Set run_experiment.jit_compile = False or use "
             "strategy = 'one_device'."
@@ -126,7 +290,7 @@ def check_replicas(replicas: int, global_batch_size: int, jit_compile: bool) -> 
 def check_nan_guard_step(task: Any) -> None:
     """Raises ValueError when `task` overrides `train_step`, which the NaN guard needs."""
     if type(task).train_step is not Task.train_step:
-        raise ValueError(
+        raise ConfigError(
             f"NanGuard needs the default train_step, but {type(task).__name__} "
             "overrides it; remove run_experiment.nan_guard or skip non-finite steps "
             "in your train_step."

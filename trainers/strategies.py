@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from orbitask.trainers.errors import ConfigError
+
 NAMES = ("auto", "one_device", "mirrored", "multi_worker_mirrored", "parameter_server")
 
 
@@ -21,7 +23,7 @@ def build_strategy(strategy: str | tf.distribute.Strategy = "auto") -> tf.distri
     if isinstance(strategy, tf.distribute.Strategy):
         return strategy
     if strategy not in NAMES:
-        raise ValueError(
+        raise ConfigError(
             f"`strategy` must be a tf.distribute.Strategy or one of {', '.join(NAMES)}; "
             f"received {strategy!r}. Set run_experiment.strategy in your .gin file."
         )
@@ -31,7 +33,7 @@ def build_strategy(strategy: str | tf.distribute.Strategy = "auto") -> tf.distri
     if strategy == "parameter_server":
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
         if not resolver.cluster_spec().as_dict():
-            raise ValueError(
+            raise ConfigError(
                 "strategy 'parameter_server' needs a cluster (chief, workers, ps) in TF_CONFIG, "
                 "which is not set; start the job with `orbitask launch --ps 1 ...` or set "
                 "TF_CONFIG on every machine (README: Several machines)."

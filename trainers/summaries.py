@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import orbit
 import tensorflow as tf
+
 from orbitask.tasks import callbacks
 
 

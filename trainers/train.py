@@ -54,9 +54,9 @@ def parse_gin(gin_files: list[str], gin_params: list[str]) -> None:
       ConfigError: naming the binding or file that is wrong.
     """
     import gin
-    from orbitask.trainers.errors import ConfigError
 
     import orbitask  # noqa: F401  (registers the configurables)
+    from orbitask.trainers.errors import ConfigError
 
     # The working directory, then the repository, ahead of gin's own '' prefix: with '' first,
     # an include such as 'configs/defaults.gin' that is not under the working directory goes to
@@ -103,6 +103,7 @@ def build_task():
       ConfigError: when it is unbound or its constructor rejects a binding.
     """
     import gin
+
     from orbitask.trainers.errors import ConfigError
 
     try:
@@ -157,8 +158,9 @@ def main(argv: list[str]) -> int:
         return _fail("--model_dir is required: where checkpoints and summaries go.")
 
     import gin
+
     from orbitask.trainers.errors import ConfigError, NonFiniteLossError, Preempted
-    from orbitask.trainers.runner import run_experiment
+    from orbitask.trainers.experiment import run_experiment
 
     try:
         parse_gin(FLAGS.gin_file, FLAGS.gin_params)

@@ -23,6 +23,7 @@ from typing import Any
 
 import orbit
 import tensorflow as tf
+
 from orbitask.tasks import keras_compat
 from orbitask.trainers.evaluation import TaskEvaluator, to_python
 

@@ -12,6 +12,7 @@ import uuid
 from typing import Any
 
 import tensorflow as tf
+
 from orbitask.trainers import inputs
 from orbitask.trainers.errors import ConfigError
 
@@ -124,7 +125,7 @@ def trainable_variables(task: Any, model: Any) -> list:
     models = model.values() if isinstance(model, dict) else [model]
     variables = [v for m in models for v in m.trainable_variables]
     if not variables:
-        raise ValueError(
+        raise ConfigError(
             f"{type(task).__name__}.build_model() returned a model without trainable "
             "weights; give it an input shape (e.g. keras.Input((64,)) as its first layer)."
         )

@@ -14,7 +14,8 @@ from typing import Any
 import gin
 import tensorflow as tf
 from absl import logging
-from orbitask.trainers.errors import EarlyStop
+
+from orbitask.trainers.errors import ConfigError, EarlyStop
 
 
 @gin.configurable("ValidationControl", module="orbitask")
@@ -38,7 +39,7 @@ class ValidationControl:
         early_stop_patience: int | None = None,
     ):
         if early_stop_patience is not None and early_stop_patience < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"`ValidationControl.early_stop_patience` must be >= 1 or None; received "
                 f"{early_stop_patience!r}."
             )
@@ -102,7 +103,7 @@ def _check_metric(logs: dict, metric: str) -> None:
     node: Any = logs
     for key in metric.split("|"):
         if not isinstance(node, dict) or key not in node:
-            raise ValueError(
+            raise ConfigError(
                 f"ValidationControl.metric {metric!r} is not in the eval logs (keys: "
                 f"{sorted(logs)}); set it to one of them in your .gin file."
             )

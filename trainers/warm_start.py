@@ -14,8 +14,9 @@ from typing import Any
 import gin
 import keras
 import tensorflow as tf
-from orbitask.trainers.errors import ConfigError
 from tensorflow.core.protobuf import trackable_object_graph_pb2
+
+from orbitask.trainers.errors import ConfigError
 
 
 def model_variables(model: Any) -> list[tuple[tuple[str, ...], Any]]:

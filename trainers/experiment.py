@@ -1,0 +1,69 @@
+"""`run_experiment`: the public entry point and gin's `orbitask.run_experiment.*` bindings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gin
+
+from orbitask.trainers.runner import ExperimentRunner
+from orbitask.trainers.settings import Settings
+
+
+@gin.configurable("run_experiment", module="orbitask")
+def run_experiment(
+    task: Any = gin.REQUIRED,
+    model_dir: str = gin.REQUIRED,
+    mode: str = "train_and_eval",
+    train_steps: int = gin.REQUIRED,
+    global_batch_size: int = 64,
+    learning_rate: float = 1e-3,
+    steps_per_loop: int = 100,
+    loop_seconds: float | None = 1.0,
+    eval_interval: int | None = 500,
+    eval_steps: int | None = None,
+    checkpoint_interval: int | None = None,
+    checkpoint_seconds: float | None = 600.0,
+    strategy: Any = "auto",
+    use_tf_while_loop: bool = True,
+    progress: bool = True,
+    continuous_eval_timeout: float | None = None,
+    nan_guard: Any = None,
+    seed: int | None = None,
+    cpu_devices: int | None = None,
+    gradient_accumulation_steps: int = 1,
+    validation_control: Any = None,
+    jit_compile: bool = False,
+    histogram_interval: int | None = None,
+    warm_start: Any = None,
+    mixed_precision: str | None = None,
+    ema: Any = None,
+) -> dict:
+    """Trains and/or evaluates `task`, writing checkpoints and summaries under `model_dir`.
+
+    Eager. Builds the strategy, then inside its scope the task's model, loss, optimizer, metrics
+    and checkpoint; restores the latest checkpoint; runs an `orbit.Controller`. The work is
+    `runner.ExperimentRunner`'s; the arguments are gin's `orbitask.run_experiment.*` bindings.
+
+    Args:
+      task: an `orbitask.Task`.
+      model_dir: checkpoints go here, summaries under `train/` and `eval/`.
+      mode: "train", "eval", "train_and_eval" or "continuous_eval".
+      **settings: every other argument is a field of one group in `settings` and is documented
+        there: `LoopSettings` (train_steps, global_batch_size, learning_rate, steps_per_loop,
+        loop_seconds, use_tf_while_loop, jit_compile, gradient_accumulation_steps, seed,
+        progress), `CheckpointSettings` (checkpoint_interval, checkpoint_seconds, warm_start),
+        `EvalSettings` (eval_interval, eval_steps, continuous_eval_timeout,
+        validation_control), `DistributionSettings` (strategy, cpu_devices), `FeatureSettings`
+        (nan_guard, mixed_precision, ema, histogram_interval).
+
+    Returns:
+      `{"train": last train logs, "eval": last eval logs}` (Python floats / NumPy arrays).
+
+    Raises:
+      ConfigError: for a bad setting, before any work. An exception from the task's own code
+        (builders, steps, callbacks) propagates unchanged, with its traceback.
+    """
+    flat = dict(locals())
+    task, model_dir, mode = flat.pop("task"), flat.pop("model_dir"), flat.pop("mode")
+    return ExperimentRunner(task, model_dir, mode, Settings.from_flat(**flat)).run()
