@@ -3,8 +3,7 @@
 `ExperimentRunner` is built by small steps in this order, each a method a subclass may override
 (as Model Garden's `OrbitExperimentRunner`)::
 
-    _prepare            seeds, logical CPU devices
-    _build_strategy     the tf.distribute strategy
+    _build_strategy     seeds, logical CPU devices, the tf.distribute strategy
     in strategy.scope():
       _build_objects    model, loss, global step, learning rate, optimizer, metrics
       _build_train_input   the checkpointable train iterator, checked against the model
@@ -25,7 +24,15 @@ from typing import Any
 import orbit
 
 from orbitask.tasks import CallbackContext, keras_compat
-from orbitask.trainers import checkpoints, cluster, compat, settings, summaries, validation
+from orbitask.trainers import (
+    checkpoints,
+    cluster,
+    compat,
+    settings,
+    step_errors,
+    summaries,
+    validation,
+)
 from orbitask.trainers import inputs as inputs_lib
 from orbitask.trainers.callback_runner import CallbackAction
 from orbitask.trainers.controller import Controller
@@ -38,6 +45,7 @@ from orbitask.trainers.preemption import PreemptionWatcher
 from orbitask.trainers.progress import ProgressAction
 from orbitask.trainers.ps_trainer import ParameterServerTrainer
 from orbitask.trainers.settings import Settings
+from orbitask.trainers.settings import check as check_settings
 from orbitask.trainers.strategies import build_strategy, logical_cpus
 from orbitask.trainers.trainer import TaskTrainer
 
@@ -56,7 +64,7 @@ class ExperimentRunner:
     """
 
     def __init__(self, task: Any, model_dir: str, mode: str, settings: Settings):
-        settings.check(task, model_dir, mode, settings)
+        check_settings(task, model_dir, mode, settings)
         self.task = task
         self.model_dir = model_dir
         self.mode = mode
@@ -93,7 +101,6 @@ class ExperimentRunner:
 
     def build(self) -> None:
         """Builds every object of the run, in the order of the module docstring. Eager."""
-        self._prepare()
         self.strategy = self._build_strategy()
         self.chief = cluster.is_chief(self.strategy)  # keeps checkpoints, summaries, config
         validation.check_model_dir(self.model_dir)
@@ -110,21 +117,17 @@ class ExperimentRunner:
         self.preemption = PreemptionWatcher(self.manager, self.global_step)
         self.controller = self._build_controller()
 
-    # ------------------------------------------------------------------------------ building
-
-    def _prepare(self) -> None:
-        seed, cpu_devices = self.settings.loop.seed, self.settings.distribution.cpu_devices
-        if seed is not None:
-            make_deterministic(seed)
-        if cpu_devices:
-            settings.check_cpu_devices(cpu_devices, len(logical_cpus(cpu_devices)))
-
     def _build_strategy(self):
-        strategy = build_strategy(self.settings.distribution.strategy)
-        loop = self.settings.loop
-        settings.check_replicas(
-            strategy.num_replicas_in_sync, loop.global_batch_size, loop.jit_compile
-        )
+        """Seeds and logical CPU devices first (they must precede TensorFlow's start)."""
+        loop, distribution = self.settings.loop, self.settings.distribution
+        if loop.seed is not None:
+            make_deterministic(loop.seed)
+        if distribution.cpu_devices:
+            wanted = distribution.cpu_devices
+            settings.check_cpu_devices(wanted, len(logical_cpus(wanted)))
+        strategy = build_strategy(distribution.strategy)
+        replicas = strategy.num_replicas_in_sync
+        settings.check_replicas(replicas, loop.global_batch_size, loop.jit_compile)
         return strategy
 
     def _build_objects(self) -> None:
@@ -320,8 +323,6 @@ class ExperimentRunner:
             eval_summary_dir=os.path.join(self.model_dir, "eval"),  # else Orbit reuses train/
         )
 
-    # ----------------------------------------------------------------- used while running
-
     def _step_now(self) -> int:
         """The global step after the last device loop (no read of the variable once a loop ran)."""
         if self.trainer is None:
@@ -369,19 +370,20 @@ class ExperimentRunner:
         train_steps = self.settings.loop.train_steps
         evaluation = self.settings.evaluation
         eval_steps = evaluation.steps or -1
-        if self.mode == "train":
-            self.controller.train(train_steps)
-        elif self.mode == "train_and_eval":
-            self.controller.train_and_evaluate(train_steps, eval_steps, evaluation.interval)
-        elif self.mode == "eval":
-            self.controller.evaluate(eval_steps)
-        else:
-            # Poll for new checkpoints; stop once the one at train_steps has been evaluated.
-            self.controller.evaluate_continuously(
-                eval_steps,
-                timeout=evaluation.continuous_timeout or 30,
-                timeout_fn=lambda: int(self.global_step.numpy()) >= train_steps,
-            )
+        with step_errors.named_by_step(self.global_step, self.manager, train_steps):
+            if self.mode == "train":
+                self.controller.train(train_steps)
+            elif self.mode == "train_and_eval":
+                self.controller.train_and_evaluate(train_steps, eval_steps, evaluation.interval)
+            elif self.mode == "eval":
+                self.controller.evaluate(eval_steps)
+            else:
+                # Poll for new checkpoints; stop once the one at train_steps has been evaluated.
+                self.controller.evaluate_continuously(
+                    eval_steps,
+                    timeout=evaluation.continuous_timeout or 30,
+                    timeout_fn=lambda: int(self.global_step.numpy()) >= train_steps,
+                )
         self._finish()
         return self.results
 

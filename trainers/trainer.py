@@ -279,7 +279,10 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         logs.update(extra or {})
         if self.ema is not None:
             self.ema.update()
-        self.global_step.assign_add(1)
+        # After the step's logs, which need its batch: a dataset that ends mid-loop leaves the
+        # step counting the steps taken (tf.function orders ops on one resource only).
+        with tf.control_dependencies(tf.nest.flatten(logs)):
+            self.global_step.assign_add(1)
         return logs
 
     def _step_arguments(self, batch) -> tuple[tuple, dict]:
