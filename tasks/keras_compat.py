@@ -162,3 +162,14 @@ def apply_gradients(optimizer: Any, gradients: list, variables: list) -> None:
     if replicas > 1:
         pairs = [(g / tf.cast(replicas, g.dtype), v) for g, v in pairs]
     optimizer.apply_gradients(pairs)
+
+
+def rename_metric(metric: Any, name: str) -> None:
+    """Renames a Keras metric of either flavour. Eager; returns None.
+
+    tf_keras has `name` as a read-only property over the private `_name`.
+    """
+    try:
+        metric.name = name  # Keras 3
+    except AttributeError:
+        metric._name = name  # noqa: SLF001

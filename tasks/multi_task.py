@@ -230,7 +230,7 @@ class MultiTask(Task):
         metrics = []
         for name in self.names if training else self.validation_names:
             for metric in self.tasks[name].build_metrics(training) or []:
-                _rename(metric, f"{metric.name}/{name}")
+                keras_compat.rename_metric(metric, f"{metric.name}/{name}")
                 self._metric_owner[id(metric)] = (name, metric)
                 metrics.append(metric)
         return metrics
@@ -378,10 +378,3 @@ def _zip_longest(datasets: dict[str, tf.data.Dataset]) -> tf.data.Dataset:
     return tf.data.Dataset.zip(padded).take_while(
         lambda batch: tf.reduce_any(tf.stack([_batch_size(b) > 0 for b in batch.values()]))
     )
-
-
-def _rename(metric: Any, name: str) -> None:
-    try:
-        metric.name = name  # Keras 3
-    except AttributeError:
-        metric._name = name  # tf_keras: `name` is a read-only property  # noqa: SLF001

@@ -10,6 +10,7 @@ import gin
 import tensorflow as tf
 from absl import logging
 
+from orbitask.trainers import compat
 from orbitask.trainers.errors import ConfigError
 
 
@@ -41,6 +42,9 @@ def restore_newest_readable(
         fit the model (names the variable and both shapes).
     """
     paths = list(reversed(manager.checkpoints))
+    latest = manager.latest_checkpoint  # also one a plain `tf.train.Checkpoint.save` wrote
+    if latest and latest not in paths:
+        paths.insert(0, latest)
     for path in paths:
         reason = unreadable_reason(path)
         if reason:
@@ -99,13 +103,9 @@ def build(
     # Re-made without an interval: `trainers.Controller` decides when to save (at multiples of
     # the interval), and a manager with an interval silently refuses a second save at the same
     # step (needed after an evaluation changed checkpointed state, or on SIGTERM).
-    manager = tf.train.CheckpointManager(
-        checkpoint,
-        manager.directory,
-        max_to_keep=manager._max_to_keep,  # noqa: SLF001
-        keep_checkpoint_every_n_hours=manager._keep_checkpoint_every_n_hours,  # noqa: SLF001
-        checkpoint_name=os.path.basename(manager._checkpoint_prefix),  # noqa: SLF001
-    )
+    kept = compat.manager_settings(manager)
+    del kept["step_counter"]
+    manager = tf.train.CheckpointManager(checkpoint, manager.directory, **kept)
     return checkpoint, manager
 
 

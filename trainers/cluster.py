@@ -27,6 +27,8 @@ import tempfile
 import tensorflow as tf
 from absl import logging
 
+from orbitask.trainers import compat
+
 SERVER_TASKS = ("worker", "ps")
 
 
@@ -52,7 +54,7 @@ def is_parameter_server(strategy: tf.distribute.Strategy) -> bool:
 
 def num_ps_workers(strategy: tf.distribute.Strategy) -> int:
     """The number of workers a `ParameterServerStrategy` schedules on."""
-    return strategy.extended._num_workers  # noqa: SLF001 (its cluster_resolver is not public)
+    return compat.ps_num_workers(strategy)
 
 
 def all_replica_values(strategy: tf.distribute.Strategy, value) -> tuple:
@@ -126,8 +128,8 @@ def for_this_worker(
         manager.checkpoint,
         manager.directory,
         worker=f"{task.get('type', 'worker')}-{task.get('index', 0)}",
-        checkpoint_name=os.path.basename(manager._checkpoint_prefix),  # noqa: SLF001
-        step_counter=getattr(manager, "_step_counter", None),
+        checkpoint_name=compat.manager_settings(manager)["checkpoint_name"],
+        step_counter=compat.manager_settings(manager)["step_counter"],
         checkpoint_interval=manager.checkpoint_interval,
     )
 

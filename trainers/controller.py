@@ -1,15 +1,18 @@
-"""`Controller`: Orbit's outer loop with orbitask's checkpoint policy.
+"""`Controller`: Orbit's outer loop with orbitask's checkpoint rules and a safe restore.
 
-Four changes to `orbit.Controller`: its training loop reads the step once per device loop
-(Orbit reads it several times, times and formats a log line, and flushes the summary writer);
-it restores the newest *readable* checkpoint (a corrupt latest one is skipped with a warning,
-never deleted); it saves at exact multiples of the
-checkpoint interval (Orbit's manager counts from the first save, so it would save at step 1,
-1+k, ...); and it also saves after the first device loop that ends `checkpoint_seconds` after
-the last save (the default rule: a save costs ~30 ms, which every-100-steps made a third of a
-small model's time). Under `multi_worker_mirrored` saving is collective, so the workers agree on
-the time rule (any worker's clock that says "due" makes all of them save). It also hands each
-device loop's wall time to `on_loop` (the runner's `LoopLength`, which lets quick loops grow).
+With none of its own options set it is `orbit.Controller` (Orbit's own controller_test passes
+against it). Its additions:
+
+- `checkpoint_interval` / `checkpoint_seconds` / `save_at_completion`: saves at exact multiples
+  of the interval (Orbit's manager counts from the first save: 1, 1+k, ...), after the first
+  device loop that ends `checkpoint_seconds` after the last save (under
+  `multi_worker_mirrored` every worker saves when any worker's clock says so), and always at
+  completion. Device loops end at interval multiples.
+- `restore_checkpoint` restores the newest *readable* checkpoint (a corrupt latest one is
+  skipped with a warning, never deleted), or calls the manager's `init_fn` when there is none.
+- `on_loop(steps, seconds)` receives each device loop's wall time (the runner's `LoopLength`).
+- The training loop reads the global step once per device loop (Orbit reads it several times,
+  and flushes the summary writer around each loop).
 """
 
 from __future__ import annotations
@@ -30,23 +33,32 @@ class Controller(orbit.Controller):
     Args:
       checkpoint_interval: save at every multiple of this step, or None.
       checkpoint_seconds: save when this many seconds passed since the last save, or None.
+      save_at_completion: save at the end of `train` even when neither rule above is set.
+        With all three unset, saving follows Orbit (the manager's `checkpoint_interval`).
       on_loop: `on_loop(steps, seconds)` after each device loop, with the wall time of
         `trainer.train` (e.g. `LoopLength.observe`), or None.
-      **kwargs: `orbit.Controller`'s arguments.
+      **kwargs: `orbit.Controller`'s arguments, all honoured.
     """
 
     def __init__(
         self,
         *,
-        checkpoint_interval: int | None,
+        checkpoint_interval: int | None = None,
         checkpoint_seconds: float | None = None,
+        save_at_completion: bool = False,
         on_loop: Callable[[int, float], None] | None = None,
         **kwargs,
     ):
         self._interval = checkpoint_interval
         self._seconds = checkpoint_seconds
+        self._own_rule = bool(checkpoint_interval or checkpoint_seconds or save_at_completion)
         self._on_loop = on_loop
+        self._loop_steps = kwargs.get("steps_per_loop")
+        self._save_options = tf.train.CheckpointOptions(
+            enable_async=bool(kwargs.get("enable_async_checkpointing", False))
+        )
         self._last_save = time.monotonic()
+        self._saved_step: int | None = None
         self._rate_mark: tuple[float, int] | None = None
         self._lengths: dict[int, tf.Tensor] = {}  # loop length -> its constant, made once
         super().__init__(**kwargs)
@@ -56,7 +68,7 @@ class Controller(orbit.Controller):
         self._require("trainer", for_method="train")
         step = int(self.global_step.numpy())
         while step < steps:
-            length = self._steps_per_loop
+            length = self._loop_steps
             length = length(step) if callable(length) else length
             if self._interval:  # a loop also ends at each multiple of the checkpoint interval
                 length = min(length, self._interval - step % self._interval)
@@ -99,11 +111,12 @@ class Controller(orbit.Controller):
         for action in self.train_actions:
             action(output)
         now, (then, before) = time.perf_counter(), self._rate_mark
-        output["steps_per_second"] = (end - before) / (now - then) if now > then else 0.0
+        rate = (end - before) / (now - then) if now > then else 0.0
         self._rate_mark = (now, end)
         if logging.level_info():
-            logging.info("train | step: %6d | steps/sec: %6.1f", end, output["steps_per_second"])
-        self.summary_manager.write_summaries(output)
+            logging.info("train | step: %6d | steps/sec: %6.1f", end, rate)
+        # A new dict: an action may keep the one it received.
+        self.summary_manager.write_summaries({**output, "steps_per_second": rate})
         self.summary_manager.flush()
         return self._step_now()  # after the actions (a NaN rollback moves it)
 
@@ -114,12 +127,17 @@ class Controller(orbit.Controller):
         return step_now() if step_now else int(self.global_step.numpy())
 
     def restore_checkpoint(self, checkpoint_path: str | None = None) -> str | None:
-        """Restores `checkpoint_path`, or the newest readable checkpoint when None."""
+        """Restores `checkpoint_path`, or the newest readable checkpoint when None; with no
+        checkpoint at all, runs the manager's `init_fn` (`restore_or_initialize`). Eager;
+        returns the restored path or None."""
         manager = self.checkpoint_manager
+        self._require("checkpoint_manager", for_method="restore_checkpoint")
         with self.strategy.scope():
             if checkpoint_path is not None:
                 checkpoints.restore(manager.checkpoint, checkpoint_path)
                 return checkpoint_path
+            if manager.latest_checkpoint is None:
+                return manager.restore_or_initialize()
             path = checkpoints.restore_newest_readable(manager.checkpoint, manager)
         if path:
             logging.info("restored from checkpoint %s", path)
@@ -134,15 +152,17 @@ class Controller(orbit.Controller):
         return cluster.any_worker(self.strategy, late)
 
     def _maybe_save_checkpoint(self, check_interval: bool = True) -> bool:
+        if not self._own_rule:
+            return super()._maybe_save_checkpoint(check_interval)
         manager = self.checkpoint_manager
         if manager is None:
             return False
         step = self._step_now()
         if check_interval and not self._due(step):
             return False
-        latest = manager.latest_checkpoint
-        if latest and latest.endswith(f"-{step}"):
+        latest = manager.latest_checkpoint  # (an async save shows there once written)
+        if step == self._saved_step or (latest and latest.endswith(f"-{step}")):
             return False  # already saved at this step
-        manager.save(checkpoint_number=step, check_interval=False)
-        self._last_save = time.monotonic()
+        manager.save(checkpoint_number=step, check_interval=False, options=self._save_options)
+        self._last_save, self._saved_step = time.monotonic(), step
         return True

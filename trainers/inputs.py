@@ -34,8 +34,8 @@ from typing import Any
 
 import tensorflow as tf
 from absl import logging
-from tensorflow.python.data.ops import dataset_ops, prefetch_op
 
+from orbitask.trainers import compat
 from orbitask.trainers.cluster import is_parameter_server, num_ps_workers
 from orbitask.trainers.errors import ConfigError
 
@@ -119,11 +119,10 @@ def bound_prefetch(dataset: tf.data.Dataset, batches: int, owner: str) -> tf.dat
     Options set on top (`with_options`) are kept. Warns, naming `owner`'s `build_inputs`, about
     autotuned prefetches that are not last (they stay; their buffers are checkpointed too).
     """
-    top, options = dataset, dataset.options()
-    while isinstance(top, dataset_ops._OptionsDataset):  # noqa: SLF001
-        top = top._input_dataset  # noqa: SLF001
-    if isinstance(top, prefetch_op._PrefetchDataset) and _is_autotune(top._buffer_size):  # noqa: SLF001
-        dataset = top._input_dataset.prefetch(batches).with_options(options)  # noqa: SLF001
+    top, options = compat.strip_options(dataset)
+    below = compat.autotuned_prefetch_input(top)
+    if below is not None:
+        dataset = below.prefetch(batches).with_options(options)
     left = autotuned_prefetches(dataset)
     if left:
         logging.warning(
@@ -136,11 +135,6 @@ def bound_prefetch(dataset: tf.data.Dataset, batches: int, owner: str) -> tf.dat
     return dataset
 
 
-def _is_autotune(buffer_size: tf.Tensor) -> bool:
-    value = tf.get_static_value(buffer_size)
-    return value is not None and int(value) == tf.data.AUTOTUNE
-
-
 def autotuned_prefetches(dataset: tf.data.Dataset) -> int:
     """How many `prefetch(tf.data.AUTOTUNE)` the pipeline has (walks its Python datasets)."""
     count, seen, todo = 0, set(), [dataset]
@@ -149,12 +143,9 @@ def autotuned_prefetches(dataset: tf.data.Dataset) -> int:
         if id(node) in seen:
             continue
         seen.add(id(node))
-        if isinstance(node, prefetch_op._PrefetchDataset) and _is_autotune(node._buffer_size):  # noqa: SLF001
+        if compat.autotuned_prefetch_input(node) is not None:
             count += 1
-        try:
-            todo.extend(node._inputs())  # noqa: SLF001
-        except NotImplementedError:  # a dataset made from a variant: its inputs are unknown
-            pass
+        todo.extend(compat.dataset_inputs(node))
     return count
 
 

@@ -309,6 +309,7 @@ class ExperimentRunner:
         return Controller(
             checkpoint_interval=saves.interval,
             checkpoint_seconds=saves.seconds,
+            save_at_completion=True,
             on_loop=self.loop_length.observe,
             global_step=self.global_step,
             trainer=self.trainer if self.training else None,

@@ -56,18 +56,16 @@ def parse_gin(gin_files: list[str], gin_params: list[str]) -> None:
     import gin
 
     import orbitask  # noqa: F401  (registers the configurables)
-    from orbitask.trainers.errors import ConfigError
 
     # The working directory, then the repository, ahead of gin's own '' prefix: with '' first,
     # an include such as 'configs/defaults.gin' that is not under the working directory goes to
     # gin's Python-path reader, which crashes on a namespace package (a folder without
     # __init__.py, e.g. configs/ when the repository is on PYTHONPATH).
+    from orbitask.trainers import compat
+    from orbitask.trainers.errors import ConfigError
+
     root = config_root()
-    prefixes = gin.config._LOCATION_PREFIXES  # noqa: SLF001  (gin has no API for the order)
-    for path in (root, os.getcwd()):
-        if path in prefixes:
-            prefixes.remove(path)
-        prefixes.insert(0, path)
+    compat.gin_search_first([os.getcwd(), root])
     resolved = []
     for path in gin_files:  # relative to the working directory, else to the repository
         if not os.path.isfile(path):

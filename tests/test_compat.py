@@ -1,0 +1,158 @@
+"""The private library behaviour orbitask relies on (trainers/compat.py) and Orbit's contract.
+
+These tests fail loudly when a new Orbit, gin or tf.data version changes what compat.py reaches
+into, and when orbitask's `Controller` stops behaving as `orbit.Controller` does.
+"""
+
+import unittest
+
+import gin
+import orbit
+import orbit.controller
+import orbit.controller_test
+import pytest
+import tensorflow as tf
+from absl import logging
+
+from orbitask.trainers import compat
+from orbitask.trainers.controller import Controller
+
+
+class _Adapter(Controller):
+    """orbitask's Controller with none of its own options: it must be Orbit's."""
+
+
+def test_orbits_own_controller_test_passes_against_the_controller(monkeypatch):
+    monkeypatch.setattr(orbit.controller_test.controller, "Controller", _Adapter)
+    suite = unittest.defaultTestLoader.loadTestsFromModule(orbit.controller_test)
+    assert suite.countTestCases() >= 30
+    result = unittest.TextTestRunner(verbosity=0).run(suite)
+    problems = [str(test) for test, _ in result.failures + result.errors]
+    assert result.wasSuccessful(), problems
+
+
+class _Trainer(orbit.StandardTrainer):
+    def __init__(self):
+        self.global_step = orbit.utils.create_global_step()
+        self.v = tf.Variable(0.0)
+        super().__init__(tf.data.Dataset.range(4).repeat())
+
+    def train_step(self, iterator):
+        next(iterator)
+        self.v.assign_add(1.0)
+        self.global_step.assign_add(1)
+
+    def train_loop_end(self):
+        return {"v": self.v.read_value()}
+
+
+def test_a_checkpoint_saved_by_plain_tf_checkpoint_is_restored(tmp_path):
+    trainer = _Trainer()
+    trainer.v.assign(3.0)
+    trainer.global_step.assign(7)
+    tf.train.Checkpoint(v=trainer.v, step=trainer.global_step).save(str(tmp_path / "ckpt"))
+    trainer.v.assign(0.0)
+    trainer.global_step.assign(0)
+    manager = tf.train.CheckpointManager(
+        tf.train.Checkpoint(v=trainer.v, step=trainer.global_step), str(tmp_path), 3
+    )
+    Controller(
+        trainer=trainer, global_step=trainer.global_step, steps_per_loop=2,
+        checkpoint_manager=manager, save_at_completion=True,
+    )  # fmt: skip
+    assert (trainer.v.numpy(), trainer.global_step.numpy()) == (3.0, 7)
+
+
+def test_the_managers_init_fn_runs_when_there_is_no_checkpoint(tmp_path):
+    trainer = _Trainer()
+    manager = tf.train.CheckpointManager(
+        tf.train.Checkpoint(v=trainer.v),
+        str(tmp_path),
+        3,
+        init_fn=lambda: trainer.v.assign(42.0),
+    )
+    Controller(
+        trainer=trainer, global_step=trainer.global_step, steps_per_loop=2,
+        checkpoint_manager=manager, checkpoint_interval=2,
+    )  # fmt: skip
+    assert trainer.v.numpy() == 42.0
+
+
+class _RecordingManager(tf.train.CheckpointManager):
+    """A real manager that also records the options of each save."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.options = []
+
+    def save(self, *args, options=None, **kwargs):
+        self.options.append(options)
+        return super().save(*args, options=options, **kwargs)
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+def test_async_checkpointing_is_passed_to_every_save(tmp_path, enabled):
+    trainer = _Trainer()
+    manager = _RecordingManager(tf.train.Checkpoint(v=trainer.v), str(tmp_path), 3)
+    controller = Controller(
+        trainer=trainer, global_step=trainer.global_step, steps_per_loop=2,
+        checkpoint_manager=manager, checkpoint_interval=2, enable_async_checkpointing=enabled,
+    )  # fmt: skip
+    controller.train(4)
+    assert len(manager.options) == 2
+    assert [o.experimental_enable_async_checkpoint for o in manager.options] == [enabled] * 2
+    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-4")
+
+
+def test_a_train_actions_dict_is_not_changed_after_it_received_it(tmp_path):
+    trainer = _Trainer()
+    received = []
+    controller = Controller(
+        trainer=trainer, global_step=trainer.global_step, steps_per_loop=2,
+        train_actions=[lambda out: received.append((out, dict(out)))],
+        summary_dir=str(tmp_path),
+    )  # fmt: skip
+    controller.train(4)
+    assert len(received) == 2
+    for kept, copy in received:
+        assert kept == copy and "steps_per_second" not in kept
+
+
+def test_orbit_messages_go_to_absl_only_while_open():
+    original = orbit.controller._log
+    with compat.orbit_messages_to_absl():
+        assert orbit.controller._log is logging.info
+    assert orbit.controller._log is original
+
+
+def test_gin_search_first_puts_paths_ahead(tmp_path):
+    (tmp_path / "fragment.gin").write_text("")
+    compat.gin_search_first([str(tmp_path)])
+    assert gin.config._LOCATION_PREFIXES[0] == str(tmp_path)
+    gin.parse_config_file("fragment.gin")
+
+
+def test_manager_settings_reads_the_constructor_arguments(tmp_path):
+    step = tf.Variable(0, dtype=tf.int64)
+    manager = tf.train.CheckpointManager(
+        tf.train.Checkpoint(step=step), str(tmp_path), max_to_keep=7,
+        keep_checkpoint_every_n_hours=2.0, checkpoint_name="model", step_counter=step,
+        checkpoint_interval=5,
+    )  # fmt: skip
+    settings = compat.manager_settings(manager)
+    assert settings.pop("step_counter") is step
+    assert settings == dict(
+        max_to_keep=7, keep_checkpoint_every_n_hours=2.0, checkpoint_name="model"
+    )
+
+
+def test_dataset_helpers_see_an_autotuned_prefetch_under_options():
+    base = tf.data.Dataset.range(10).batch(2)
+    options = tf.data.Options()
+    options.deterministic = True
+    dataset = base.prefetch(tf.data.AUTOTUNE).with_options(options)
+    top, kept = compat.strip_options(dataset)
+    assert kept.deterministic is True
+    assert compat.autotuned_prefetch_input(top) is not None
+    assert compat.autotuned_prefetch_input(base.prefetch(3)) is None
+    assert compat.dataset_inputs(top)[0] is compat.autotuned_prefetch_input(top)
