@@ -37,6 +37,8 @@ class ParameterServerTrainer(TaskTrainer):
       ValueError: when a NanGuard is given.
     """
 
+    copies_learning_rate_in_loop = False  # once on the coordinator, not in every closure
+
     def __init__(self, **kwargs):
         if kwargs.get("nan_guard") is not None:
             raise ConfigError(
@@ -45,7 +47,6 @@ class ParameterServerTrainer(TaskTrainer):
             )
         kwargs["use_tf_while_loop"] = True
         super().__init__(**kwargs)
-        self._sync_in_loop = False  # once on the coordinator, not in every scheduled closure
         self.coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(self.strategy)
         self.workers = num_ps_workers(self.strategy)
 

@@ -28,12 +28,12 @@ from orbitask.trainers import (
     checkpoints,
     cluster,
     compat,
+    inputs,
     settings,
     step_errors,
     summaries,
     validation,
 )
-from orbitask.trainers import inputs as inputs_lib
 from orbitask.trainers.callback_runner import CallbackAction
 from orbitask.trainers.controller import Controller
 from orbitask.trainers.determinism import make_deterministic
@@ -46,6 +46,7 @@ from orbitask.trainers.progress import ProgressAction
 from orbitask.trainers.ps_trainer import ParameterServerTrainer
 from orbitask.trainers.settings import Settings
 from orbitask.trainers.settings import check as check_settings
+from orbitask.trainers.steps import TaskObjects, TrainStep
 from orbitask.trainers.strategies import build_strategy, logical_cpus
 from orbitask.trainers.trainer import TaskTrainer
 
@@ -154,26 +155,14 @@ class ExperimentRunner:
 
     def _build_train_input(self):
         """The train iterator, checked against the model and loss before any step."""
-        loop, replicas = self.settings.loop, self.strategy.num_replicas_in_sync
-        iterator = inputs_lib.train_iterator(
-            self.task, self.strategy, loop.global_batch_size, loop.gradient_accumulation_steps
-        )
-        validation.check_checkpointable_input(self.task, iterator)
-        validation.check_inputs(
+        loop = self.settings.loop
+        return validation.checked_train_iterator(
             self.task,
-            iterator.element_spec,
-            self.model,
-            self.loss_fn,
-            self.lr,
-            loop.global_batch_size // replicas,
+            self.strategy,
             loop.global_batch_size,
-            replicas,
+            loop.gradient_accumulation_steps,
+            (self.model, self.loss_fn, self.lr, self.optimizer),
         )
-        # After check_inputs, which calls the model once: a Keras model without an Input layer
-        # only has weights from then on, and the optimizer must be built with them.
-        variables = validation.trainable_variables(self.task, self.model)
-        keras_compat.build_optimizer_slots(self.optimizer, variables, self.model)
-        return iterator
 
     def _build_summaries(self) -> None:
         model_dir, chief = self.model_dir, self.chief
@@ -234,34 +223,43 @@ class ExperimentRunner:
 
     def _build_eval_input(self):
         batch = self.settings.loop.global_batch_size
-        dataset = inputs_lib.eval_dataset(self.task, self.strategy, batch)
+        dataset = inputs.eval_dataset(self.task, self.strategy, batch)
         validation.check_finite_eval(self.task, dataset, self.settings.evaluation.steps)
         return dataset
 
     def _build_trainer(self) -> TaskTrainer:
         loop, features = self.settings.loop, self.settings.features
         ps = cluster.is_parameter_server(self.strategy)
-        trainer_cls = ParameterServerTrainer if ps else TaskTrainer
-        return trainer_cls(
-            task=self.task,
-            strategy=self.strategy,
-            model=self.model,
-            optimizer=self.optimizer,
-            loss_fn=self.loss_fn,
-            lr=self.lr,
-            global_step=self.global_step,
-            global_batch_size=loop.global_batch_size,
-            train_iterator=self.train_iterator,
-            eval_dataset=self.eval_dataset,
-            train_metrics=self.train_metrics,
-            eval_metrics=self.eval_metrics,
-            use_tf_while_loop=loop.use_tf_while_loop,
+        objects = TaskObjects(
+            self.task,
+            self.strategy,
+            self.model,
+            self.optimizer,
+            self.loss_fn,
+            self.lr,
+            self.global_step,
+            loop.global_batch_size,
+            self.train_metrics,
+            self.eval_metrics,
+        )
+        step = TrainStep(
+            objects,
+            accumulation=loop.gradient_accumulation_steps,
+            schedule=self.lr_control if self.lr_control.schedule else None,
             nan_guard=self.nan_guard,
-            gradient_accumulation_steps=loop.gradient_accumulation_steps,
-            learning_rate=self.lr_control if self.lr_control.schedule else None,
             loss_scale=self.loss_scale,
             ema=features.ema,
             jit_compile=loop.jit_compile,
+        )
+        trainer_cls = ParameterServerTrainer if ps else TaskTrainer
+        return trainer_cls(
+            objects=objects,
+            step=step,
+            train_iterator=self.train_iterator,
+            eval_dataset=self.eval_dataset,
+            use_tf_while_loop=loop.use_tf_while_loop,
+            nan_guard=self.nan_guard,
+            ema=features.ema,
             record_history=self.callbacks.has_deferred and not ps,
         )
 

@@ -7,9 +7,8 @@ Hook order, as the Controller drives it::
                                                 #   if trainable vars changed
       copy lr into the optimizer                # traced, first in the loop function
       repeat num_steps times (tf.while_loop in one tf.function):
-        batches = [next(train_iterator) for each local replica]   # plain, checkpointed iterator
-        logs = strategy.run(task.train_step, replica r gets batches[r])
-        global_step += 1
+        logs = step(train_iterator)             # steps.TrainStep: batches to replicas,
+                                                #   strategy.run, replica mean, global_step += 1
         (and, for deferred callbacks, append the step's scalar logs to a TensorArray)
       return train_loop_end(last logs, metric results, lr, step)   # read in one go
     # then the Controller's actions: host callbacks (every_steps / at_step), progress, checkpoint
@@ -29,79 +28,58 @@ from orbitask.trainers.evaluation import TaskEvaluator, to_python
 
 
 class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
-    """Runs a `tasks.Task`'s `train_step` / `validation_step` on a strategy.
+    """Runs a `tasks.Task`'s train step (a `steps.TrainStep`) and validation step on a strategy.
 
     Args:
-      task: the Task.
-      strategy: the strategy every object below was built under.
-      model, optimizer, loss_fn: the task's built objects.
-      lr: the checkpointed learning-rate variable; copied into the optimizer at each loop begin.
-      global_step: int64 variable incremented once per train step.
-      global_batch_size: the batch of one step summed over replicas.
+      objects: the task's built objects (`steps.TaskObjects`).
+      step: the composed train step (`steps.TrainStep`).
       train_iterator: a plain `tf.data` iterator yielding one per-replica batch per `next`; each
         step takes one batch per local replica, so it can be checkpointed (exact resume).
       eval_dataset: a distributed dataset for `validation_step`, or None.
-      train_metrics, eval_metrics: Keras metrics built by the task.
       use_tf_while_loop: run each device loop as one `tf.while_loop` (default) or a Python loop.
-      nan_guard: a built `trainers.NanGuard`, or None (the seed's behaviour).
-      gradient_accumulation_steps: batches per optimizer update (K); each step takes K batches
-        per replica and sums their gradients before one all-reduce and one update.
-      learning_rate: a `trainers.learning_rate.LearningRate` whose schedule sets `lr` at every
-        step, or None (then `lr` changes only when a callback assigns it).
-      jit_compile: compile the per-replica train step with XLA (not the NaN guard's step).
+      nan_guard: the built `trainers.NanGuard` of the step, or None: a tripped guard ends the
+        device loop early.
+      ema: a built `trainers.ExponentialMovingAverage` (evaluation swaps its weights in), or None.
       record_history: keep every step's scalar logs of the last device loop in `loop_history`
-        (for `tasks.deferred` callbacks; about 2 us per step).
+        (for `tasks.deferred` callbacks).
     """
+
+    # The loop function copies `lr` into the optimizer first; a subclass whose loops run where
+    # that copy cannot happen once per loop (ParameterServerTrainer) copies it on the host.
+    copies_learning_rate_in_loop = True
 
     def __init__(
         self,
         *,
-        task: Any,
-        strategy: tf.distribute.Strategy,
-        model: Any,
-        optimizer: Any,
-        loss_fn: Any,
-        lr: tf.Variable,
-        global_step: tf.Variable,
-        global_batch_size: int,
+        objects: Any,
+        step: Any,
         train_iterator: Any = None,
         eval_dataset: Any = None,
-        train_metrics: list | None = None,
-        eval_metrics: list | None = None,
         use_tf_while_loop: bool = True,
         nan_guard: Any = None,
-        gradient_accumulation_steps: int = 1,
-        learning_rate: Any = None,
-        loss_scale: Any = None,
         ema: Any = None,
-        jit_compile: bool = False,
         record_history: bool = False,
     ):
-        self.task = task
+        self.objects = objects
+        self.task = objects.task
+        self.strategy = objects.strategy
+        self.model = objects.model
+        self.optimizer = objects.optimizer
+        self.loss_fn = objects.loss_fn
+        self.lr = objects.lr
+        self.global_step = objects.global_step
+        self.global_batch_size = objects.global_batch_size
+        self.train_metrics = list(objects.train_metrics)
+        self.eval_metrics = list(objects.eval_metrics)
+        self.step = step
+        self.nan_guard = nan_guard
+        self.ema = ema
         self.record_history = record_history
         # Per-loop host state lives in a plain object: an attribute set on this tf.Module is
-        # tracked (a dict or tuple is wrapped), which cost ~0.25 ms after every device loop.
+        # tracked (a dict or tuple is wrapped), which slows every device loop's host work.
         self._loop = _LoopRecord()
         self._history_keys: list[str] = []
-        self._sync_in_loop = True  # the loop copies `lr` into the optimizer (ParameterServer: host)
-        self.nan_guard = nan_guard
-        self.accumulation = gradient_accumulation_steps
-        self.learning_rate = learning_rate
-        self.loss_scale = loss_scale
-        self.ema = ema
-        self.jit_compile = jit_compile
-        self._replica_fn = None
-        self.strategy = strategy
-        self.model = model
-        self.optimizer = optimizer
-        self.loss_fn = loss_fn
-        self.lr = lr
-        self.global_step = global_step
-        self.global_batch_size = global_batch_size
-        self.train_metrics = list(train_metrics or [])
-        self.eval_metrics = list(eval_metrics or [])
         self._use_tf_while_loop = use_tf_while_loop
-        self._local_replicas = strategy.extended.worker_devices
         self._trainable_signature = None
         orbit.StandardTrainer.__init__(
             self,
@@ -169,14 +147,9 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         """A tf.function running `num_steps` steps and returning the last step's logs."""
         step = self.train_step
         guard = self.nan_guard
-        replica_fn = self._replica_train_step if self.accumulation == 1 else self._replica_update
-        # Made afresh with each loop function, so a retrace also retraces the compiled step.
-        self._replica_fn = (
-            tf.function(replica_fn, jit_compile=True) if self.jit_compile else replica_fn
-        )
-
+        self.step.reset()  # a new loop function retraces the step, compiled parts included
         record = self._history_row if self.record_history else None
-        sync = self._sync_in_loop
+        sync = self.copies_learning_rate_in_loop
 
         if not self._use_tf_while_loop:
             step_fn = tf.function(step)
@@ -248,7 +221,7 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
 
         Returns None.
         """
-        if not self._sync_in_loop:
+        if not self.copies_learning_rate_in_loop:
             keras_compat.sync_learning_rate(self.optimizer, self.lr)
         for metric in self.train_metrics:
             metric.reset_state()
@@ -261,121 +234,9 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
     def train_step(self, iterator):
         """One distributed step = one optimizer update (cross-replica context, traced).
 
-        Returns the step's logs, averaged over replicas.
+        Returns the step's logs, averaged over replicas (`steps.TrainStep`).
         """
-        batch = self._next_replica_batches(iterator)
-        if self.learning_rate is not None:
-            self.learning_rate.step_update(self.global_step, self.optimizer)
-        if self.nan_guard is not None or self.loss_scale is not None:
-            return self._guarded_train_step(batch)
-        return self._finish_step(self.strategy.run(self._replica_fn, args=(batch,)))
-
-    def _finish_step(self, per_replica_logs, extra=None):
-        """Cross-replica, traced: logs averaged over replicas, EMA moved, step counted."""
-        logs = {
-            k: self.strategy.reduce(tf.distribute.ReduceOp.MEAN, v, axis=None)
-            for k, v in per_replica_logs.items()
-        }
-        logs.update(extra or {})
-        if self.ema is not None:
-            self.ema.update()
-        # After the step's logs, which need its batch: a dataset that ends mid-loop leaves the
-        # step counting the steps taken (tf.function orders ops on one resource only).
-        with tf.control_dependencies(tf.nest.flatten(logs)):
-            self.global_step.assign_add(1)
-        return logs
-
-    def _step_arguments(self, batch) -> tuple[tuple, dict]:
-        """The arguments `train_step` and `compute_update` share (traced)."""
-        args = (batch, self.model, self.optimizer, self.train_metrics)
-        return args, {"loss_fn": self.loss_fn, "lr": self.lr}
-
-    def _compute_update(self, batch):
-        args, kwargs = self._step_arguments(batch)
-        return self.task.compute_update(
-            *args,
-            **kwargs,
-            global_batch_size=self.global_batch_size * self.accumulation,
-            micro_batches=self.accumulation,
-            loss_scale=None if self.loss_scale is None else self.loss_scale.scale,
-        )
-
-    def _replica_update(self, batch):
-        update, variables, logs = self._compute_update(batch)
-        keras_compat.apply_gradients(self.optimizer, update, variables)
-        return logs
-
-    def _guarded_train_step(self, batch):
-        """Computes the update on every replica, applies it only if every loss is finite
-        (NaN guard) and, with float16 loss scaling, the all-reduced gradient too.
-
-        The condition lives in cross-replica context: a `tf.cond` around `apply_gradients`
-        inside `strategy.run` would cross a synchronisation point, which tf.distribute forbids.
-        """
-        held = {}
-
-        def compute(batch):
-            update, variables, logs = self._compute_update(batch)
-            held["pairs"] = [
-                (i, v)
-                for i, (g, v) in enumerate(zip(update, variables, strict=True))
-                if g is not None
-            ]
-            logs = dict(logs)
-            logs["nonfinite"] = tf.cast(
-                tf.logical_not(tf.reduce_all(tf.math.is_finite(logs["loss"]))), tf.float32
-            )
-            if "nonfinite_gradients" not in logs:
-                logs["nonfinite_gradients"] = tf.constant(0.0)
-            return [update[i] for i, _ in held["pairs"]], logs
-
-        update, logs = self.strategy.run(compute, args=(batch,))
-        sum_ = tf.distribute.ReduceOp.SUM
-        bad_loss = self.strategy.reduce(sum_, logs.pop("nonfinite"), axis=None) > 0
-        overflow = self.strategy.reduce(sum_, logs.pop("nonfinite_gradients"), axis=None) > 0
-        bad = tf.logical_or(bad_loss, overflow) if self.loss_scale is not None else bad_loss
-
-        def apply():
-            def replica_apply(gradients):
-                variables = [v for _, v in held["pairs"]]
-                keras_compat.apply_gradients(self.optimizer, gradients, variables)
-
-            self.strategy.run(replica_apply, args=(update,))
-            return tf.constant(False)
-
-        tf.cond(bad, lambda: tf.constant(True), apply)
-        extra = {}
-        if self.nan_guard is not None:
-            self.nan_guard.record(bad_loss)
-            extra["nonfinite_steps"] = tf.cast(self.nan_guard.skipped, tf.float32)
-        if self.loss_scale is not None:
-            self.loss_scale.update(overflow)
-            extra["loss_scale"] = tf.identity(self.loss_scale.scale)
-        return self._finish_step(logs, extra)
-
-    def _replica_train_step(self, batch):
-        args, kwargs = self._step_arguments(batch)
-        return self.task.train_step(*args, **kwargs, global_batch_size=self.global_batch_size)
-
-    def _next_replica_batches(self, iterator):
-        """Takes the elements of one step from the plain iterator and hands them to replicas.
-
-        One element per replica (replica r gets the r-th); with gradient accumulation K,
-        K rounds of that, and replica r gets the tuple of its K micro-batches. Multi-worker: every
-        worker reads the same stream, takes all replicas' elements and keeps its own.
-        """
-        count = self.strategy.num_replicas_in_sync
-        rounds = [[next(iterator) for _ in range(count)] for _ in range(self.accumulation)]
-        if count == 1:
-            return rounds[0][0] if self.accumulation == 1 else tuple(r[0] for r in rounds)
-
-        def for_replica(ctx):
-            replica = ctx.replica_id_in_sync_group
-            if self.accumulation == 1:
-                return rounds[0][replica]
-            return tuple(r[replica] for r in rounds)
-
-        return self.strategy.experimental_distribute_values_from_function(for_replica)
+        return self.step(iterator)
 
     def train_loop_end(self, loop_output=None) -> dict:
         """Eager: returns the last step's logs, train metrics and learning rate, as floats.

@@ -13,6 +13,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from orbitask.tasks import keras_compat
 from orbitask.trainers import inputs
 from orbitask.trainers.errors import ConfigError
 
@@ -113,6 +114,31 @@ def check_inputs(
             f"{kind.__name__}'s loss must return the SUM over the batch (a scalar); it returned "
             f"shape {list(shape)}. Reduce with tf.reduce_sum in build_losses."
         )
+
+
+def checked_train_iterator(
+    task: Any, strategy: Any, global_batch_size: int, accumulation: int, objects: tuple
+) -> Any:
+    """The train iterator (`inputs.train_iterator`), its input checked before the first step:
+    checkpointable, and one batch of its spec through the model and loss. Builds the optimizer's
+    slots. Eager; returns the iterator.
+
+    Args:
+      objects: `(model, loss_fn, lr, optimizer)`.
+
+    Raises:
+      ConfigError: naming what does not fit.
+    """
+    model, loss_fn, lr, optimizer = objects
+    replicas = strategy.num_replicas_in_sync
+    iterator = inputs.train_iterator(task, strategy, global_batch_size, accumulation)
+    check_checkpointable_input(task, iterator)
+    spec, per_replica = iterator.element_spec, global_batch_size // replicas
+    check_inputs(task, spec, model, loss_fn, lr, per_replica, global_batch_size, replicas)
+    # After check_inputs, which calls the model once: a Keras model without an Input layer only
+    # has weights from then on, and the optimizer must be built with them.
+    keras_compat.build_optimizer_slots(optimizer, trainable_variables(task, model), model)
+    return iterator
 
 
 def trainable_variables(task: Any, model: Any) -> list:

@@ -1,0 +1,262 @@
+"""The distributed train step, composed of small parts chosen once, when the trainer is built.
+
+    step(iterator):                              # cross-replica context, traced
+      batch = ReplicaBatches(iterator)           # one element per local replica (x K micro-steps)
+      schedule.step_update(step, optimizer)      # only with a learning-rate schedule
+      logs = body(batch)                         # PlainBody | GuardedBody
+      return Finish(logs)                        # replica mean of logs, EMA, step += 1
+
+`PlainBody` runs a replica function on every replica: the task's `train_step`, or (gradient
+accumulation) the task's `compute_update` over K micro-batches followed by `apply_gradients`.
+`GuardedBody` computes the update on every replica and applies it only when every loss is finite
+(NaN guard) and, with float16 loss scaling, the all-reduced gradient is finite too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+
+from orbitask.tasks import keras_compat
+
+
+@dataclasses.dataclass
+class TaskObjects:
+    """A task's built objects, as the trainer and its step parts use them."""
+
+    task: Any
+    strategy: tf.distribute.Strategy
+    model: Any
+    optimizer: Any
+    loss_fn: Any
+    lr: tf.Variable
+    global_step: tf.Variable
+    global_batch_size: int
+    train_metrics: list = dataclasses.field(default_factory=list)
+    eval_metrics: list = dataclasses.field(default_factory=list)
+
+
+class ReplicaBatches:
+    """Takes one step's elements from the plain iterator and hands them to the replicas.
+
+    One element per replica (replica r gets the r-th); with gradient accumulation K, K rounds of
+    that, and replica r gets the tuple of its K micro-batches. Multi-worker: every worker reads
+    the same stream, takes all replicas' elements and keeps its own. Traced.
+    """
+
+    def __init__(self, strategy: tf.distribute.Strategy, accumulation: int):
+        self.strategy = strategy
+        self.accumulation = accumulation
+
+    def __call__(self, iterator):
+        count, k = self.strategy.num_replicas_in_sync, self.accumulation
+        rounds = [[next(iterator) for _ in range(count)] for _ in range(k)]
+        if count == 1:
+            return rounds[0][0] if k == 1 else tuple(r[0] for r in rounds)
+
+        def for_replica(ctx):
+            replica = ctx.replica_id_in_sync_group
+            return rounds[0][replica] if k == 1 else tuple(r[replica] for r in rounds)
+
+        return self.strategy.experimental_distribute_values_from_function(for_replica)
+
+
+class ReplicaUpdate:
+    """The update one replica computes (the task's `compute_update`), and how it is applied."""
+
+    def __init__(self, objects: TaskObjects, accumulation: int, loss_scale: Any = None):
+        self.objects = objects
+        self.accumulation = accumulation
+        self.loss_scale = loss_scale
+
+    def compute(self, batch) -> tuple[list, list, dict]:
+        """Traced, in replica context: returns `(update, variables, logs)`."""
+        o = self.objects
+        return o.task.compute_update(
+            batch,
+            o.model,
+            o.optimizer,
+            o.train_metrics,
+            loss_fn=o.loss_fn,
+            lr=o.lr,
+            global_batch_size=o.global_batch_size * self.accumulation,
+            micro_batches=self.accumulation,
+            loss_scale=None if self.loss_scale is None else self.loss_scale.scale,
+        )
+
+    def compute_and_apply(self, batch) -> dict:
+        """Traced, in replica context: computes the update, applies it; returns the logs."""
+        update, variables, logs = self.compute(batch)
+        keras_compat.apply_gradients(self.objects.optimizer, update, variables)
+        return logs
+
+
+def task_train_step(objects: TaskObjects) -> Callable:
+    """The replica function running the task's own `train_step` (traced, replica context)."""
+
+    def replica_step(batch):
+        o = objects
+        return o.task.train_step(
+            batch,
+            o.model,
+            o.optimizer,
+            o.train_metrics,
+            loss_fn=o.loss_fn,
+            lr=o.lr,
+            global_batch_size=o.global_batch_size,
+        )
+
+    return replica_step
+
+
+class PlainBody:
+    """Runs `replica_fn` on every replica (optionally XLA-compiled); returns per-replica logs."""
+
+    def __init__(self, strategy: tf.distribute.Strategy, replica_fn: Callable, jit_compile=False):
+        self.strategy = strategy
+        self.replica_fn = replica_fn
+        self.jit_compile = jit_compile
+        self.compiled = None
+
+    def reset(self) -> None:
+        """Eager: a new loop function retraces, and with it the compiled replica function."""
+        fn = self.replica_fn
+        self.compiled = tf.function(fn, jit_compile=True) if self.jit_compile else fn
+
+    def __call__(self, batch) -> tuple[Any, dict]:
+        """Traced, cross-replica: returns `(per-replica logs, extra logs)`."""
+        if self.compiled is None:
+            self.reset()
+        return self.strategy.run(self.compiled, args=(batch,)), {}
+
+
+class GuardedBody:
+    """Computes the update on every replica; applies it only if every loss is finite (NaN
+    guard) and, with float16 loss scaling, the all-reduced gradient too.
+
+    The condition lives in cross-replica context: a `tf.cond` around `apply_gradients` inside
+    `strategy.run` would cross a synchronisation point, which tf.distribute forbids.
+    """
+
+    def __init__(self, strategy, update: ReplicaUpdate, nan_guard=None, loss_scale=None):
+        self.strategy = strategy
+        self.update = update
+        self.nan_guard = nan_guard
+        self.loss_scale = loss_scale
+
+    def reset(self) -> None:
+        """Eager: nothing to rebuild."""
+
+    def __call__(self, batch) -> tuple[Any, dict]:
+        """Traced, cross-replica: returns `(per-replica logs, extra logs)`."""
+        held = {}
+
+        def compute(batch):
+            update, variables, logs = self.update.compute(batch)
+            pairs = enumerate(zip(update, variables, strict=True))
+            held["pairs"] = [(i, v) for i, (g, v) in pairs if g is not None]
+            logs = dict(logs)
+            logs["nonfinite"] = tf.cast(
+                tf.logical_not(tf.reduce_all(tf.math.is_finite(logs["loss"]))), tf.float32
+            )
+            logs.setdefault("nonfinite_gradients", tf.constant(0.0))
+            return [update[i] for i, _ in held["pairs"]], logs
+
+        update, logs = self.strategy.run(compute, args=(batch,))
+        total = tf.distribute.ReduceOp.SUM
+        bad_loss = self.strategy.reduce(total, logs.pop("nonfinite"), axis=None) > 0
+        overflow = self.strategy.reduce(total, logs.pop("nonfinite_gradients"), axis=None) > 0
+        bad = tf.logical_or(bad_loss, overflow) if self.loss_scale is not None else bad_loss
+
+        def apply():
+            def replica_apply(gradients):
+                variables = [v for _, v in held["pairs"]]
+                keras_compat.apply_gradients(self.update.objects.optimizer, gradients, variables)
+
+            self.strategy.run(replica_apply, args=(update,))
+            return tf.constant(False)
+
+        tf.cond(bad, lambda: tf.constant(True), apply)
+        extra = {}
+        if self.nan_guard is not None:
+            self.nan_guard.record(bad_loss)
+            extra["nonfinite_steps"] = tf.cast(self.nan_guard.skipped, tf.float32)
+        if self.loss_scale is not None:
+            self.loss_scale.update(overflow)
+            extra["loss_scale"] = tf.identity(self.loss_scale.scale)
+        return logs, extra
+
+
+class Finish:
+    """Ends a step (traced, cross-replica): logs averaged over replicas, EMA moved, step counted."""
+
+    def __init__(self, strategy, global_step: tf.Variable, ema: Any = None):
+        self.strategy = strategy
+        self.global_step = global_step
+        self.ema = ema
+
+    def __call__(self, per_replica_logs: dict, extra: dict) -> dict:
+        logs = {
+            k: self.strategy.reduce(tf.distribute.ReduceOp.MEAN, v, axis=None)
+            for k, v in per_replica_logs.items()
+        }
+        logs.update(extra)
+        if self.ema is not None:
+            self.ema.update()
+        # After the step's logs, which need its batch: a dataset that ends mid-loop leaves the
+        # step counting the steps taken (tf.function orders ops on one resource only).
+        with tf.control_dependencies(tf.nest.flatten(logs)):
+            self.global_step.assign_add(1)
+        return logs
+
+
+class TrainStep:
+    """One distributed step = one optimizer update, composed of the parts above.
+
+    Args:
+      objects: the task's built objects.
+      accumulation: batches per optimizer update (K).
+      schedule: a `trainers.learning_rate.LearningRate` whose schedule sets the rate at every
+        step, or None.
+      nan_guard: a built `trainers.NanGuard`, or None (the seed's behaviour).
+      loss_scale: a `trainers.precision.DynamicLossScale` (float16), or None.
+      ema: a built `trainers.ExponentialMovingAverage`, or None.
+      jit_compile: compile the per-replica step with XLA (not a guarded step).
+    """
+
+    def __init__(
+        self,
+        objects: TaskObjects,
+        accumulation: int = 1,
+        schedule: Any = None,
+        nan_guard: Any = None,
+        loss_scale: Any = None,
+        ema: Any = None,
+        jit_compile: bool = False,
+    ):
+        strategy = objects.strategy
+        self.objects = objects
+        self.schedule = schedule
+        self.batches = ReplicaBatches(strategy, accumulation)
+        update = ReplicaUpdate(objects, accumulation, loss_scale)
+        if nan_guard is not None or loss_scale is not None:
+            self.body = GuardedBody(strategy, update, nan_guard, loss_scale)
+        elif accumulation > 1:
+            self.body = PlainBody(strategy, update.compute_and_apply, jit_compile)
+        else:
+            self.body = PlainBody(strategy, task_train_step(objects), jit_compile)
+        self.finish = Finish(strategy, objects.global_step, ema)
+
+    def reset(self) -> None:
+        """Eager, before a new loop function is traced."""
+        self.body.reset()
+
+    def __call__(self, iterator) -> dict:
+        """Traced, cross-replica: runs one step on the next batches; returns its mean logs."""
+        batch = self.batches(iterator)
+        if self.schedule is not None:
+            self.schedule.step_update(self.objects.global_step, self.objects.optimizer)
+        return self.finish(*self.body(batch))
