@@ -34,20 +34,12 @@ import tensorflow as tf
 from orbitask.tasks import callbacks as callbacks_lib
 from orbitask.tasks import gradients as gradients_lib
 from orbitask.tasks import keras_compat
-from orbitask.tasks.errors import ConfigError
+from orbitask.tasks.errors import ConfigError, check_positive_int_or_none
 
 
 def _batch_size(tree: Any) -> tf.Tensor:
     """The leading dimension of the first tensor in a nested structure."""
     return tf.shape(tf.nest.flatten(tree)[0])[0]
-
-
-def _check_positive_int_or_none(name: str, value: Any) -> None:
-    if value is not None and not (type(value) is int and value > 0):
-        raise ConfigError(
-            f"`{name}` must be a positive int or None; received {value!r}. "
-            f"Set Task.{name} in your .gin file."
-        )
 
 
 @gin.configurable("Task", module="orbitask")
@@ -65,11 +57,10 @@ class Task:
       train_prefetch: steps of training input prefetched (each step's elements: one per replica,
         times the gradient accumulation) where `build_inputs` (or `make_batches`) ends it with
         `prefetch(tf.data.AUTOTUNE)`: every checkpoint saves that buffer, and an autotuned one
-        grows without bound (README, Performance). Default 4 (2 cost the MLP benchmark up to
-        5%); None keeps the autotuned buffer.
+        grows without bound. Default 4; None keeps the autotuned buffer.
       train_prefetch_bytes: at most this many bytes of prefetched elements, but at least one
-        step's (big batches: 4 batches of 147 MiB would be in every checkpoint). Default 64 MiB;
-        None: no byte bound. Sizes come from the element spec (unknown sizes: no bound).
+        step's. Default 64 MiB; None: no byte bound. Sizes come from the element spec (unknown
+        sizes: no bound).
       name: a name for logs.
     """
 
@@ -88,8 +79,8 @@ class Task:
                 f"`clip_norm` must be positive or None; received {clip_norm!r}. "
                 "Set Task.clip_norm in your .gin file."
             )
-        _check_positive_int_or_none("train_prefetch", train_prefetch)
-        _check_positive_int_or_none("train_prefetch_bytes", train_prefetch_bytes)
+        check_positive_int_or_none("Task", "train_prefetch", train_prefetch)
+        check_positive_int_or_none("Task", "train_prefetch_bytes", train_prefetch_bytes)
         if keras_flavour not in (None, *keras_compat.FLAVOURS):
             raise ConfigError(
                 f"`keras_flavour` must be None, 'keras' or 'tf_keras'; received {keras_flavour!r}."
@@ -102,7 +93,6 @@ class Task:
         self.train_prefetch_bytes = train_prefetch_bytes
         self.name = name or type(self).__name__
 
-    # ----------------------------------------------------------------------------------------
     # Builders: eager, called once by the runner inside `strategy.scope()`.
 
     def build_inputs(
@@ -161,7 +151,6 @@ class Task:
         del training
         return []
 
-    # ----------------------------------------------------------------------------------------
     # Step stages: traced by tf.function, run per replica inside `strategy.run`.
 
     def input_pre(self, batch: Any, lr: Any) -> Any:
@@ -211,7 +200,6 @@ class Task:
         for metric in metrics:
             metric.update_state(gt, outputs)
 
-    # ----------------------------------------------------------------------------------------
     # Steps: per replica, inside `strategy.run`, under tf.function.
 
     def train_step(
@@ -287,20 +275,10 @@ class Task:
             )
             scaled = aux["scaled_loss"]
             scaled_sum = scaled if scaled_sum is None else scaled_sum + scaled
-            total = (
-                gradients
-                if total is None
-                else [
-                    a if b is None else (b if a is None else a + b)
-                    for a, b in zip(total, gradients, strict=True)
-                ]
-            )
+            total = gradients_lib.add(total, gradients)
         gradients = gradients_lib.all_reduce_sum(total)
-        finite = None
-        if loss_scale is not None:  # float16 overflow: the trainer skips and lowers the scale
-            finite = tf.reduce_all(
-                [tf.reduce_all(tf.math.is_finite(g)) for g in gradients if g is not None]
-            )
+        # float16 overflow: the trainer skips the update and lowers the scale
+        finite = gradients_lib.all_finite(gradients) if loss_scale is not None else None
         update, display = self.update_pre(
             gradients, aux["loss"], aux["outputs"], part, model, loss_fn, lr, optimizer
         )
@@ -351,9 +329,7 @@ class Task:
             target = scaled if loss_scale is None else scaled * loss_scale
         gradients = tape.gradient(target, trainable_vars)
         if loss_scale is not None:  # mixed_float16: scale the gradients back down
-            gradients = [
-                None if g is None else tf.cast(g, tf.float32) / loss_scale for g in gradients
-            ]
+            gradients = gradients_lib.unscale(gradients, loss_scale)
         self.process_metrics(metrics, batch, outputs)
         return gradients, trainable_vars, {"loss": loss, "outputs": outputs, "scaled_loss": scaled}
 
@@ -374,7 +350,6 @@ class Task:
             "num_examples": tf.cast(_batch_size(inputs), tf.float32),
         }
 
-    # ----------------------------------------------------------------------------------------
     # Python-side metrics (Model Garden): eager, once per eval step / once per evaluation.
 
     def aggregate_logs(self, state: Any, step_logs: Mapping[str, Any]) -> Any:
@@ -402,7 +377,6 @@ class Task:
             logs = {k: v / count for k, v in logs.items()}
         return {k: float(v) if np.ndim(v) == 0 else v for k, v in logs.items()}
 
-    # ----------------------------------------------------------------------------------------
     # Host callbacks.
 
     def every_steps(self) -> dict[int, Any]:

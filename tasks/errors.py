@@ -8,3 +8,12 @@ class ConfigError(ValueError, TypeError):
     this exception is turned into one line by the runner and the binary: any other exception,
     from the user's own code included, keeps its traceback.
     """
+
+
+def check_positive_int_or_none(owner: str, name: str, value: object) -> None:
+    """Raises ConfigError unless `value` is a positive int or None. Eager; returns None."""
+    if value is not None and not (type(value) is int and value > 0):
+        raise ConfigError(
+            f"`{name}` must be a positive int or None; received {value!r}. "
+            f"Set {owner}.{name} in your .gin file."
+        )

@@ -73,6 +73,26 @@ def all_reduce_sum(gradients: list) -> list:
     return out
 
 
+def add(total: list | None, gradients: list) -> list:
+    """`total + gradients` by variable (None: no gradient); `total` None starts the sum. Traced."""
+    if total is None:
+        return list(gradients)
+    return [
+        a if b is None else (b if a is None else a + b)
+        for a, b in zip(total, gradients, strict=True)
+    ]
+
+
+def all_finite(gradients: list) -> tf.Tensor:
+    """A boolean scalar: every gradient (None ones skipped) is finite. Traced."""
+    return tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in gradients if g is not None])
+
+
+def unscale(gradients: list, loss_scale: Any) -> list:
+    """float32 gradients divided by the float16 loss scale (None ones kept). Traced."""
+    return [None if g is None else tf.cast(g, tf.float32) / loss_scale for g in gradients]
+
+
 def is_python_zero(value: Any) -> bool:
     """Whether `value` is a Python number equal to 0 (a loss term that needs no op). Eager."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
