@@ -68,7 +68,7 @@ class DigitsClassification(Task):
         if training:
             ds = ds.shuffle(self.shuffle_buffer, seed=self.seed).repeat()
         ds = ds.batch(per_replica_batch_size, drop_remainder=training)
-        # A fixed buffer: checkpoints save it, and an autotuned one grows (README, Performance).
+        # A fixed buffer: checkpoints save it, and an autotuned one grows.
         return ds.prefetch(2)
 
     def build_model(self):

@@ -2,9 +2,8 @@
 
 All traced by tf.function, per replica. `zero_nans_and_clip` is the default `Task.update_pre`:
 NaN entries become 0, then the gradient is clipped to a global norm (the seed's behaviour). A
-NaN anywhere makes the global norm NaN, so the per-element fix runs under a `tf.cond` only then:
-a `tf.where` on every gradient at every step cost a small model ~13% of its step time
-(benchmarks/RESULTS.md). The result is the same.
+NaN anywhere makes the global norm NaN, so the per-element fix runs under a `tf.cond` only then,
+instead of a `tf.where` on every gradient at every step. The result is the same.
 """
 
 from __future__ import annotations

@@ -101,3 +101,21 @@ def test_a_plain_install_trains_from_a_user_directory_with_its_own_tasks_py(tmp_
     assert trained.returncode == 0, trained.stderr
     assert "orbitask: checkpoints in" in trained.stdout
     assert (tmp_path / "run" / "ckpt-4.index").is_file()
+
+
+def test_importing_orbitask_changes_nothing():
+    probe = textwrap.dedent(
+        """
+        import os, sys
+        import orbit.controller, gin
+        env, stdout, log = dict(os.environ), sys.stdout, orbit.controller._log
+        prefixes = list(gin.config._LOCATION_PREFIXES)
+        import orbitask
+        assert dict(os.environ) == env, set(os.environ.items()) ^ set(env.items())
+        assert sys.stdout is stdout and orbit.controller._log is log
+        assert list(gin.config._LOCATION_PREFIXES) == prefixes
+        print("unchanged")
+        """
+    )
+    result = _run([sys.executable, "-c", probe], cwd=REPO)
+    assert result.stdout.strip() == "unchanged", result.stderr

@@ -97,7 +97,7 @@ class Controller(orbit.Controller):
             record = lambda: self.global_step % self.summary_interval == 0  # noqa: E731
             with self.summary_manager.summary_writer().as_default(), tf.summary.record_if(record):
                 output = self.trainer.train(steps) or {}
-        else:  # Orbit would record none; and leaving `as_default` flushes (~0.1 ms a loop)
+        else:  # Orbit would record none; and leaving `as_default` flushes the writer
             with tf.summary.record_if(False):
                 output = self.trainer.train(steps) or {}
         if self._on_loop is not None:
@@ -122,7 +122,7 @@ class Controller(orbit.Controller):
 
     def _step_now(self) -> int:
         """The global step: the trainer's `last_step` (the step its last loop ended at, kept
-        current by a NaN rollback), else a read of the variable (~30-60 us, an eager op)."""
+        current by a NaN rollback), else a read of the variable (an eager op)."""
         step_now = getattr(self.trainer, "step_now", None)
         return step_now() if step_now else int(self.global_step.numpy())
 

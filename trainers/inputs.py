@@ -17,13 +17,13 @@ a tensor) through `ClusterCoordinator.create_per_worker_dataset`; those iterator
 saved, so a resumed PS job restarts its input from the beginning (weights, optimizer and step
 are restored).
 
-The train iterator is saved explicitly, buffers included; tf.data's symbolic checkpointing
-(which leaves the prefetch buffer out) made iterating the pipeline several times slower
-(benchmarks/RESULTS.md), so it is not used. An autotuned prefetch buffer doubles whenever the
-loop finds it empty, and every checkpoint would save it: a `prefetch(tf.data.AUTOTUNE)` that
-ends the training pipeline is replaced by a fixed prefetch (same elements, same order) of
-`task.train_prefetch` steps' elements, fewer where they would exceed `task.train_prefetch_bytes`,
-never fewer than one step's; one deeper in the pipeline cannot be, and is named in a warning.
+The train iterator is saved explicitly, buffers included; tf.data's symbolic checkpointing (which
+leaves the prefetch buffer out) makes iterating the pipeline slower, so it is not used. An autotuned
+prefetch buffer doubles whenever the loop finds it empty, and every checkpoint would save it: a
+`prefetch(tf.data.AUTOTUNE)` that ends the training pipeline is replaced by a fixed prefetch (same
+elements, same order) of `task.train_prefetch` steps' elements, fewer where they would exceed
+`task.train_prefetch_bytes`, never fewer than one step's; one deeper in the pipeline cannot be, and
+is named in a warning.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def bound_prefetch(dataset: tf.data.Dataset, batches: int, owner: str) -> tf.dat
         logging.warning(
             "%s.build_inputs(training=True) has %d prefetch(tf.data.AUTOTUNE) before its last "
             "transformation; checkpoints save its buffer, which grows: prefetch a fixed number of "
-            "batches there (README, Performance).",
+            "batches there.",
             owner,
             left,
         )

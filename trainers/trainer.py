@@ -128,7 +128,7 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
 
     def step_now(self) -> int:
         """Returns the global step: `last_step`, or (before the first loop) a read of the
-        variable, an eager op of ~30-60 us. Eager."""
+        variable (an eager op). Eager."""
         step = self._loop.last_step
         return int(self.global_step.numpy()) if step is None else step
 
