@@ -11,7 +11,7 @@ and the window's last step), never including another process's work.
 
 With a lead-in, a contender's turn is `lead_in` untimed windows and then the timed one, run
 back to back. On these machines a process resumed after a pause runs its first few hundred MLP
-steps markedly faster than it trains for long (benchmarks/RESULTS.md, session 5), and an input
+steps markedly faster than it trains for long (benchmarks/RESULTS.md, Method), and an input
 buffer refilled during the pause hands the next window batches made off the clock (more of
 them the deeper the buffer); the lead-in spends both before the clock starts. A contender
 named `name#k` is a k-th process of `name`: processes of the same code differ by a few percent
