@@ -25,6 +25,7 @@ import tensorflow as tf
 from absl import logging
 
 from orbitask.trainers import checkpoints, cluster
+from orbitask.trainers.triggers import Trigger
 
 
 class Controller(orbit.Controller):
@@ -49,15 +50,16 @@ class Controller(orbit.Controller):
         on_loop: Callable[[int, float], None] | None = None,
         **kwargs,
     ):
-        self._interval = checkpoint_interval
-        self._seconds = checkpoint_seconds
+        # Steps agree on every worker; the clock is this worker's (see `_due`).
+        self._saves = Trigger(
+            every_steps=checkpoint_interval or None, every_secs=checkpoint_seconds or None
+        )
         self._own_rule = bool(checkpoint_interval or checkpoint_seconds or save_at_completion)
         self._on_loop = on_loop
         self._loop_steps = kwargs.get("steps_per_loop")
         self._save_options = tf.train.CheckpointOptions(
             enable_async=bool(kwargs.get("enable_async_checkpointing", False))
         )
-        self._last_save = time.monotonic()
         self._saved_step: int | None = None
         self._rate_mark: tuple[float, int] | None = None
         self._lengths: dict[int, tf.Tensor] = {}  # loop length -> its constant, made once
@@ -70,8 +72,9 @@ class Controller(orbit.Controller):
         while step < steps:
             length = self._loop_steps
             length = length(step) if callable(length) else length
-            if self._interval:  # a loop also ends at each multiple of the checkpoint interval
-                length = min(length, self._interval - step % self._interval)
+            until = self._saves.steps_until_due(step)  # loops end at interval multiples
+            if until is not None:
+                length = min(length, until)
             step = self._train_n_steps(max(1, min(steps - step, length)), step)
             self._maybe_save_checkpoint()
         if checkpoint_at_completion:
@@ -145,11 +148,11 @@ class Controller(orbit.Controller):
         return path
 
     def _due(self, step: int) -> bool:
-        by_step = bool(self._interval) and step % self._interval == 0
-        if by_step or not self._seconds:
-            return by_step
-        late = time.monotonic() - self._last_save >= self._seconds
-        return cluster.any_worker(self.strategy, late)
+        saves = self._saves
+        if saves.step_due(step):
+            return True
+        # Saving is collective: every worker saves when any worker's clock says so.
+        return saves.every_secs is not None and cluster.any_worker(self.strategy, saves.time_due())
 
     def _maybe_save_checkpoint(self, check_interval: bool = True) -> bool:
         if not self._own_rule:
@@ -164,5 +167,6 @@ class Controller(orbit.Controller):
         if step == self._saved_step or (latest and latest.endswith(f"-{step}")):
             return False  # already saved at this step
         manager.save(checkpoint_number=step, check_interval=False, options=self._save_options)
-        self._last_save, self._saved_step = time.monotonic(), step
+        self._saves.fired(step)
+        self._saved_step = step
         return True

@@ -1,18 +1,20 @@
 """`LoopLength`: how many steps a device loop runs; loops of quick steps grow towards a second.
 
-Each call of the train loop function costs a few milliseconds besides its steps (the call, and
-steps that run slower right after it: 1000 MLP steps ran 3-8% faster as one loop than as ten,
-benchmarks/RESULTS.md, "Session 8"), plus orbitask's host work between loops. A loop of quick
-steps therefore doubles, from `steps_per_loop`, while one lasts less than half `loop_seconds`.
-Loops never shrink below `steps_per_loop`, so slow steps keep today's loops and their metric
-windows; callbacks, evaluation and checkpoints still end loops where they are due.
+Each call of the train loop function costs a few milliseconds besides its steps (the call, and steps
+that run slower right after it; `benchmarks/loop_length.py` measures it), plus orbitask's host work
+between loops. A loop of quick steps therefore doubles, from `steps_per_loop`, while one lasts less
+than half `loop_seconds`. Loops never shrink below `steps_per_loop`, so slow steps keep their loops
+and metric windows; callbacks, evaluation and checkpoints still end loops where they are due
+(`steps_from` cuts a loop at the nearest step-based due point of their `Trigger`s).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from absl import logging
+
+from orbitask.trainers import triggers
 
 GROWTH_LIMIT = 100  # loops grow to at most this many times `steps_per_loop`
 
@@ -57,3 +59,19 @@ class LoopLength:
             logging.info("orbitask: device loops of %d steps (loop_seconds).", self.steps)
             return
         self.steps *= 2
+
+    def steps_from(self, step: int, schedules: Iterable[triggers.Schedule] = ()) -> int:
+        """The length of a device loop that starts at `step`, cut where something is due.
+
+        Eager host Python (a few integer operations), run before every device loop.
+
+        Args:
+          step: the global step the loop starts from.
+          schedules: `Trigger`s, or anything with `steps_until_due(step) -> int | None` (e.g.
+            the `CallbackAction`); the loop ends at the nearest of their step-based due points.
+
+        Returns:
+          `steps`, or fewer steps when a due point comes first (always at least 1).
+        """
+        until = triggers.steps_until_any(schedules, step)
+        return self.steps if until is None or until > self.steps else until

@@ -16,6 +16,8 @@ from typing import Any, TextIO
 
 import tensorflow as tf
 
+from orbitask.trainers.triggers import Trigger
+
 
 def _format_eta(seconds: float) -> str:
     seconds = int(round(seconds))
@@ -29,7 +31,8 @@ class ProgressAction:
       global_step: the trainer's step variable.
       total_steps: the step training stops at.
       stream: where to write (stdout by default).
-      interval_s: minimum seconds between lines when `stream` is not a terminal.
+      interval_s: minimum seconds between lines when `stream` is not a terminal (the seconds
+        rule of a `Trigger`; the first loop and the last step always print).
       clock: a `time.monotonic`-like function (injectable for tests).
       current_step: `current_step() -> int` after a loop (saves a read of `global_step`, an
         eager op); None reads the variable.
@@ -48,10 +51,9 @@ class ProgressAction:
         self.current_step = current_step or (lambda: int(global_step.numpy()))
         self.total_steps = total_steps
         self.stream = stream or sys.stdout
-        self.interval_s = interval_s
         self.clock = clock
+        self.lines = Trigger(every_secs=interval_s, clock=clock)  # a log stream's lines
         self._start: tuple[float, int] | None = None
-        self._last_print = None
         self._loops = 0
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.shown = False  # the terminal line is on screen and the cursor is at its end
@@ -86,8 +88,8 @@ class ProgressAction:
         self._loops += 1
         last = step >= self.total_steps
         # A log stream between its lines formats nothing (this runs after every device loop).
-        quiet = not (self.tty or last or self._last_print is None)
-        quiet = quiet and now - self._last_print < self.interval_s
+        lines = self.lines
+        quiet = not (self.tty or last or lines.last_step is None or lines.time_due(now))
         text = None if quiet else self.line(step, train_output)
         if self._loops == 1:
             self._start = (now, step)  # later rates exclude the first loop, which traced the step
@@ -100,7 +102,7 @@ class ProgressAction:
                 sys.stdout = self.stream
         else:
             self.stream.write(text + "\n")
-            self._last_print = now
+            lines.fired(step, now)
         self.stream.flush()
 
 

@@ -49,6 +49,7 @@ from orbitask.trainers.settings import check as check_settings
 from orbitask.trainers.steps import TaskObjects, TrainStep
 from orbitask.trainers.strategies import build_strategy, logical_cpus
 from orbitask.trainers.trainer import TaskTrainer
+from orbitask.trainers.triggers import Trigger
 
 
 class ExperimentRunner:
@@ -179,7 +180,7 @@ class ExperimentRunner:
 
     def _build_callbacks(self) -> CallbackAction:
         interval = self.settings.features.histogram_interval
-        extra_every = {interval: [summaries.histograms]} if interval else {}
+        triggered = [(Trigger(every_steps=interval), [summaries.histograms])] if interval else []
         # Under parameter_server, deferred callbacks end loops like the others (no history).
         ps = cluster.is_parameter_server(self.strategy)
         return CallbackAction(
@@ -187,9 +188,9 @@ class ExperimentRunner:
             self.global_step,
             self._callback_context,
             self.train_summaries.summary_writer(),
-            extra_every,
             history=None if ps else self._loop_history,
             current_step=self._step_now,
+            triggered=triggered,
         )
 
     def _build_checkpoint(self):
@@ -348,8 +349,7 @@ class ExperimentRunner:
     def _steps_per_loop(self, step: int) -> int:
         """A device loop's length from `step`: the grown length, cut where a callback is due
         (the Controller also ends loops at checkpoint steps)."""
-        steps = self.loop_length.steps
-        return min(steps, self.callbacks.steps_until_due(step) or steps)
+        return self.loop_length.steps_from(step, (self.callbacks,))
 
     def _every_worker(self, flag: bool) -> bool:
         return cluster.every_worker(self.strategy, flag)

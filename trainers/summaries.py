@@ -8,6 +8,7 @@ behind `run_experiment(histogram_interval=M)` (nabu's histograms of trainable va
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -16,6 +17,7 @@ import orbit
 import tensorflow as tf
 
 from orbitask.tasks import callbacks
+from orbitask.trainers.triggers import Trigger
 
 
 def write(name: str, value: Any, step: Any = None) -> None:
@@ -48,17 +50,17 @@ def histograms(task: Any, ctx: Any) -> None:
 class LoopSummaryManager(orbit.utils.SummaryManager):
     """The train `SummaryManager`: keeps each device loop's scalars, writes them in batches.
 
-    The Controller hands it every loop's output and flushes after every loop. Writing 4-5 eager
-    scalars after every 100-step loop cost the MLP benchmark ~5% (benchmarks/RESULTS.md).
-    Scalars are kept on the host, one point per loop at the loop's last step
-    (`tasks.callbacks.keep_scalars`, where `print_loss` keeps its points too), and written with
-    one traced call for all tags whenever a loop reaches a new multiple of `interval`,
-    `max_seconds` after the last write, and after the first loop. Those periodic writes (and
-    their flush) run on a background thread, overlapping the next device loop (they cost ~0.4
-    ms per MLP loop on the loop's thread); `write_pending` writes the rest and waits for them
-    (the runner calls it at the end, also on SIGTERM and errors). `current_step() -> int`
-    gives the step after a loop without reading `global_step` (an eager op); None reads it.
-    Other values (images, nested dicts) are written at once, as Orbit does.
+    The Controller hands it every loop's output and flushes after every loop; eager scalar writes
+    after every loop would slow quick models, so scalars are kept on the host, one point per loop at
+    the loop's last step (`tasks.callbacks.keep_scalars`, where `print_loss` keeps its points too),
+    and written with one traced call for all tags after the first loop, then whenever its `trigger`
+    is due: a loop reached or passed a multiple of `interval` since the last write, or `max_seconds`
+    passed since then (`Trigger(every_steps=interval, every_secs=max_seconds)`; loops do not end for
+    it). Those periodic writes (and their flush) run on a background thread, overlapping the next
+    device loop; `write_pending` writes the rest and waits for them (the runner calls it at the end,
+    also on SIGTERM and errors). `current_step() -> int` gives the step after a loop without reading
+    `global_step` (an eager op); None reads it. `clock` is the trigger's `time.monotonic`-like clock
+    (injectable for tests). Other values (images, nested dicts) are written at once, as Orbit does.
     """
 
     def __init__(
@@ -67,15 +69,13 @@ class LoopSummaryManager(orbit.utils.SummaryManager):
         summary_fn,
         global_step,
         interval: int,
-        max_seconds: float = 30.0,
+        max_seconds: float | None = 30.0,
         current_step=None,
+        clock: Callable[[], float] = time.monotonic,
     ):
         super().__init__(summary_dir, summary_fn, global_step)
         self.current_step = current_step or (lambda: int(global_step.numpy()))
-        self.interval = interval
-        self.max_seconds = max_seconds
-        self._last_write = time.monotonic()
-        self._written_block = None
+        self.trigger = Trigger(every_steps=interval, every_secs=max_seconds, clock=clock)
         self._unflushed = False
         self._thread: ThreadPoolExecutor | None = None
         self._pending: list[Future] = []
@@ -101,17 +101,16 @@ class LoopSummaryManager(orbit.utils.SummaryManager):
         if others:
             super().write_summaries(others)
             self._unflushed = True
-        block = step // self.interval
-        if block != self._written_block or time.monotonic() - self._last_write > self.max_seconds:
-            self._written_block = block
-            self._write_in_background()
+        trigger = self.trigger
+        if trigger.last_step is None or trigger.due(step, since=trigger.last_step):
+            self._write_in_background(step)
 
-    def _write_in_background(self) -> None:
+    def _write_in_background(self, step: int) -> None:
         for done in [f for f in self._pending if f.done()]:
             self._pending.remove(done)
             done.result()  # a failed write (e.g. a full disk) raises here
         kept = callbacks.take_kept_scalars(self.summary_writer())
-        self._last_write = time.monotonic()
+        self.trigger.fired(step)
         if kept is None:
             return
         if self._thread is None:
@@ -140,7 +139,7 @@ class LoopSummaryManager(orbit.utils.SummaryManager):
                 future.result()  # raises what a background write raised
         if callbacks.write_kept_scalars(self.summary_writer()):
             self._unflushed = True
-        self._last_write = time.monotonic()
+        self.trigger.fired()  # everything is written: the seconds rule starts again
 
     def flush(self) -> None:
         """Flushes the writers if anything was written since the last flush (eager)."""
