@@ -3,6 +3,7 @@
 import io
 import sys
 
+import pytest
 import tensorflow as tf
 
 from orbitask.trainers.progress import ProgressAction
@@ -95,12 +96,23 @@ def test_prints_on_a_terminal_erase_the_progress_line_first(monkeypatch):
     step, clock = tf.Variable(0, dtype=tf.int64), Clock()
     action = ProgressAction(step, 20, interval_s=10.0, clock=clock)
     action.start()
-    _loop_end(action, step, clock, 10, 1.0, {"loss": 2.0})
-    print("step 10: loss 2")  # what the seed's print_loss does between two device loops
-    _loop_end(action, step, clock, 20, 2.0, {"loss": 1.0})
-    print("done")
+    with action.attached():
+        _loop_end(action, step, clock, 10, 1.0, {"loss": 2.0})
+        print("step 10: loss 2")  # what the seed's print_loss does between two device loops
+        _loop_end(action, step, clock, 20, 2.0, {"loss": 1.0})
+        print("done")
     text = terminal.getvalue()
     bar = "step 10/20 | 10.0 steps/s | ETA 0:00:01 | loss 2".ljust(79)
     assert text.startswith(f"\r{bar}\r\x1b[Kstep 10: loss 2\n\rstep 20/20 ")
     assert text.endswith("\ndone\n") and text.count("\x1b[K") == 1  # nothing left to erase
-    assert sys.stdout is terminal  # restored after the last step
+    assert sys.stdout is terminal  # restored on leaving
+
+
+def test_stdout_is_restored_when_the_run_fails(monkeypatch):
+    terminal = FakeTerminal()
+    monkeypatch.setattr("sys.stdout", terminal)
+    action = ProgressAction(tf.Variable(0, dtype=tf.int64), 20, clock=Clock())
+    with pytest.raises(RuntimeError, match="user bug"), action.attached():
+        assert sys.stdout is not terminal
+        raise RuntimeError("user bug")
+    assert sys.stdout is terminal

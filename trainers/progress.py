@@ -9,9 +9,10 @@ the time to trace the step function.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 import tensorflow as tf
@@ -59,15 +60,20 @@ class ProgressAction:
         self.shown = False  # the terminal line is on screen and the cursor is at its end
 
     def start(self) -> None:
-        """Marks the first step and time. Eager, before the first device loop.
-
-        On a terminal that is `sys.stdout`, wraps `sys.stdout` so that other prints erase the
-        progress line first (see `EraseLine`).
-        """
+        """Marks the first step and time. Eager, before the first device loop; returns None."""
         self._start = (self.clock(), int(self.global_step.numpy()))
         self._loops = 0
-        if self.tty and self.stream is sys.stdout:
-            sys.stdout = EraseLine(self.stream, self)
+
+    @contextlib.contextmanager
+    def attached(self) -> Iterator[None]:
+        """While open, on a terminal that is `sys.stdout`, other prints erase the progress line
+        first (`EraseLine`); `sys.stdout` is restored on exit, errors included. Eager; yields
+        nothing."""
+        if not (self.tty and self.stream is sys.stdout):
+            yield
+            return
+        with contextlib.redirect_stdout(EraseLine(self.stream, self)):
+            yield
 
     def line(self, step: int, logs: dict[str, Any]) -> str:
         """Returns the progress line for `step`. Eager."""
@@ -98,8 +104,6 @@ class ProgressAction:
         if self.tty:
             self.stream.write("\r" + text.ljust(79) + ("\n" if last else ""))
             self.shown = not last
-            if last and isinstance(sys.stdout, EraseLine) and sys.stdout.progress is self:
-                sys.stdout = self.stream
         else:
             self.stream.write(text + "\n")
             lines.fired(step, now)

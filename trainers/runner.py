@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -88,7 +89,8 @@ class ExperimentRunner:
         warm_start = self.settings.checkpoints.warm_start
         if warm_start is not None and self.manager.latest_checkpoint is None:
             warm_start.apply(self.model)  # fresh run only: a resumed run keeps its own weights
-        with self.preemption:
+        attached = self.progress.attached() if self.progress else contextlib.nullcontext()
+        with self.preemption, attached:
             try:
                 return self._run_mode()
             except EarlyStop as stop:
