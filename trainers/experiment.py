@@ -17,7 +17,7 @@ def run_experiment(
     mode: str = "train_and_eval",
     train_steps: int = gin.REQUIRED,
     global_batch_size: int = 64,
-    learning_rate: float = 1e-3,
+    learning_rate: Any = None,
     steps_per_loop: int = 100,
     loop_seconds: float | None = 1.0,
     eval_interval: int | None = 500,

@@ -4,10 +4,16 @@ The effective rate is `schedule(step) * factor`; it is written into the checkpoi
 and the optimizer at every step (in the device loop, so no host work). Halving on a worse
 validation multiplies `factor` by 0.5 (nabu's `learning_rate_fact`). Without a schedule, `lr`
 itself is the rate (callbacks may assign it) and halving scales it.
+
+Whose rate a run uses (`LearningRate.reconcile`): with `run_experiment.learning_rate` unset, the
+optimizer's own (`build_optimizer`'s default Nadam gets 1e-3); with it set, that setting, and one
+line says so when the optimizer was built with another rate. A dict of optimizers with different
+own rates keeps each one's rate: `lr` is then not copied into them, and halving scales each.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import gin
@@ -18,6 +24,7 @@ from orbitask.tasks import keras_compat
 from orbitask.trainers.errors import ConfigError
 
 KINDS = ("constant", "exponential", "cosine")
+DEFAULT_RATE = 1e-3  # what build_optimizer gets when run_experiment.learning_rate is unset
 
 
 @gin.configurable("learning_rate_schedule", module="orbitask")
@@ -92,6 +99,8 @@ class LearningRate:
     def __init__(self, lr: tf.Variable, schedule: Any = None):
         self.lr = lr
         self.schedule = schedule
+        self.follows = True  # the loop copies `lr` into the optimizer(s); see `reconcile`
+        self._own_rates: list = []  # optimizers' own rate variables, when they do not follow
         self.factor = tf.Variable(
             1.0,
             trainable=False,
@@ -103,9 +112,11 @@ class LearningRate:
     def create(cls, learning_rate: Any) -> LearningRate:
         """Returns a `LearningRate` with a new `lr` variable. Eager, in the strategy's scope.
 
-        `learning_rate` is a float, or a `step -> rate` schedule (then `lr` starts at
-        `schedule(0)`).
+        `learning_rate` is a float, a `step -> rate` schedule (then `lr` starts at
+        `schedule(0)`), or None (then `lr` starts at `DEFAULT_RATE` until `reconcile`).
         """
+        if learning_rate is None:
+            learning_rate = DEFAULT_RATE
         schedule = learning_rate if callable(learning_rate) else None
         lr = tf.Variable(
             float(schedule(0)) if schedule else float(learning_rate),
@@ -124,8 +135,35 @@ class LearningRate:
         self.lr.assign(value)
         keras_compat.sync_learning_rate(optimizer, self.lr)
 
+    def reconcile(self, optimizer: Any, requested: Any) -> None:
+        """Decides whose rate the run uses (module docstring). Eager, once, after the optimizer
+        is built with `lr`'s value; returns None, printing one line when the two disagree."""
+        variables = keras_compat.learning_rate_variable(optimizer)
+        named = variables if isinstance(variables, dict) else {"": variables}
+        own = {k: float(v.numpy()) for k, v in named.items() if v is not None}
+        given = float(self.lr.numpy())
+        differing = {k: r for k, r in own.items() if not math.isclose(r, given, rel_tol=1e-6)}
+        if not differing:
+            return
+        rates = ", ".join(f"{k}: {r:.4g}" if k else f"{r:.4g}" for k, r in sorted(own.items()))
+        if requested is not None:
+            print(
+                f"orbitask: run_experiment.learning_rate ({given:.4g}) replaces the rate "
+                f"build_optimizer gave the optimizer ({rates}); unset run_experiment."
+                "learning_rate to keep the optimizer's.",
+                flush=True,
+            )
+            return
+        if len(set(own.values())) == 1:  # the optimizer's own rate becomes the run's
+            self.lr.assign(next(iter(own.values())))
+            return
+        self.follows = False  # different rates in a dict: each keeps its own
+        self._own_rates = [v for v in named.values() if v is not None]
+
     def scale(self, multiplier: float) -> None:
         """Eager: multiplies the rate (through `factor` when a schedule drives it)."""
+        for rate in self._own_rates:
+            rate.assign(rate * multiplier)
         if self.schedule is None:
             self.lr.assign(self.lr * multiplier)
         else:

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from typing import Any
 
@@ -141,11 +142,13 @@ class ExperimentRunner:
             self.model = task.build_model()
         if task.keras_flavour is None:
             task.keras_flavour = keras_compat.model_flavour(self.model) or keras_compat.KERAS3
-        self.loss_fn = task.build_losses()
+        needed = validation.needs_losses(task, self.training, self.evaluating)
+        self.loss_fn = task.build_losses() if needed else None
         self.global_step = orbit.utils.create_global_step()
         self.lr_control = LearningRate.create(self.settings.loop.learning_rate)
         self.lr = self.lr_control.lr
         self.optimizer = task.build_optimizer(float(self.lr.numpy()))
+        self.lr_control.reconcile(self.optimizer, self.settings.loop.learning_rate)
         keras_compat.check_matching(self.model, self.optimizer)
         self.train_metrics = task.build_metrics(training=True) if self.training else []
         self.eval_metrics = task.build_metrics(training=False) if self.evaluating else []
@@ -244,6 +247,7 @@ class ExperimentRunner:
             loop.global_batch_size,
             self.train_metrics,
             self.eval_metrics,
+            self.lr_control.follows,
         )
         step = TrainStep(
             objects,
@@ -304,9 +308,8 @@ class ExperimentRunner:
 
     def _build_controller(self) -> Controller:
         loop, saves = self.settings.loop, self.settings.checkpoints
-        self.loop_length = LoopLength(
-            loop.steps_per_loop, loop.loop_seconds, agree=self._every_worker
-        )
+        agree = functools.partial(cluster.every_worker, self.strategy)
+        self.loop_length = LoopLength(loop.steps_per_loop, loop.loop_seconds, agree=agree)
         return Controller(
             checkpoint_interval=saves.interval,
             checkpoint_seconds=saves.seconds,
@@ -352,9 +355,6 @@ class ExperimentRunner:
         """A device loop's length from `step`: the grown length, cut where a callback is due
         (the Controller also ends loops at checkpoint steps)."""
         return self.loop_length.steps_from(step, (self.callbacks,))
-
-    def _every_worker(self, flag: bool) -> bool:
-        return cluster.every_worker(self.strategy, flag)
 
     def _keep_train_logs(self, output: dict) -> None:
         self.results["train"] = dict(output)

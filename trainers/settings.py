@@ -45,7 +45,8 @@ class LoopSettings:
       global_batch_size: one step's batch over all replicas; `build_inputs` gets
         `global_batch_size / num_replicas_in_sync`.
       learning_rate: the rate (float), or a `step -> rate` schedule such as
-        `@orbitask.learning_rate_schedule()`; kept in a checkpointed variable.
+        `@orbitask.learning_rate_schedule()`; kept in a checkpointed variable. None: the
+        optimizer's own rate (the default Nadam's is 1e-3); see `learning_rate.LearningRate`.
       steps_per_loop: a device loop's steps; loops also end where a callback, an evaluation
         or a checkpoint is due.
       loop_seconds: loops of quick steps double, up to 100 x `steps_per_loop`, while one lasts
@@ -61,7 +62,7 @@ class LoopSettings:
 
     train_steps: int
     global_batch_size: int = 64
-    learning_rate: Any = 1e-3
+    learning_rate: Any = None
     steps_per_loop: int = 100
     loop_seconds: float | None = 1.0
     use_tf_while_loop: bool = True

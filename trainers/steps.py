@@ -37,6 +37,7 @@ class TaskObjects:
     global_batch_size: int
     train_metrics: list = dataclasses.field(default_factory=list)
     eval_metrics: list = dataclasses.field(default_factory=list)
+    lr_follows: bool = True  # the optimizer(s) take `lr` (`LearningRate.reconcile`)
 
 
 class ReplicaBatches:

@@ -149,7 +149,7 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         guard = self.nan_guard
         self.step.reset()  # a new loop function retraces the step, compiled parts included
         record = self._history_row if self.record_history else None
-        sync = self.copies_learning_rate_in_loop
+        sync = self.copies_learning_rate_in_loop and self.objects.lr_follows
 
         if not self._use_tf_while_loop:
             step_fn = tf.function(step)
@@ -221,7 +221,7 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
 
         Returns None.
         """
-        if not self.copies_learning_rate_in_loop:
+        if not self.copies_learning_rate_in_loop and self.objects.lr_follows:
             keras_compat.sync_learning_rate(self.optimizer, self.lr)
         for metric in self.train_metrics:
             metric.reset_state()

@@ -64,7 +64,9 @@ def check_inputs(
 ) -> None:
     """Checks one batch's structure against what the task's default stages consume.
 
-    With the default `input_pre` / `loss_pre` the batch must be an `(inputs, labels)` pair; with
+    A task whose step is its own (`train_step` overridden, or `validation_step` for
+    `training=False`) owns its batch: nothing is checked. Otherwise, with the default
+    `input_pre` / `loss_pre` the batch must be an `(inputs, labels)` pair; with
     the default `make_batches` its batch dimension must be `per_replica_batch_size`; and with the
     default `train_step` a batch of zeros of that spec must go through `input_pre`, the model,
     `loss_pre` and the loss eagerly, the loss being a scalar (the SUM over the batch).
@@ -73,6 +75,13 @@ def check_inputs(
 
     where = "build_inputs" + ("" if training else " (training=False)")
     kind = type(task)
+    step = (
+        (kind.train_step, Task.train_step)
+        if training
+        else (kind.validation_step, Task.validation_step)
+    )
+    if step[0] is not step[1]:
+        return
     received = _describe(element_spec)
     default_split = kind.input_pre is Task.input_pre or kind.loss_pre is Task.loss_pre
     if default_split and not (isinstance(element_spec, (tuple, list)) and len(element_spec) == 2):
@@ -114,6 +123,18 @@ def check_inputs(
             f"{kind.__name__}'s loss must return the SUM over the batch (a scalar); it returned "
             f"shape {list(shape)}. Reduce with tf.reduce_sum in build_losses."
         )
+
+
+def needs_losses(task: Any, training: bool, evaluating: bool) -> bool:
+    """Whether the run needs `task.build_losses()`: not when every step it runs is the task's own
+    and the task does not define it. Eager; returns the answer."""
+    from orbitask.tasks import Task
+
+    kind = type(task)
+    own_steps = (not training or kind.train_step is not Task.train_step) and (
+        not evaluating or kind.validation_step is not Task.validation_step
+    )
+    return not (own_steps and kind.build_losses is Task.build_losses)
 
 
 def checked_train_iterator(
