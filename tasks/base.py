@@ -28,12 +28,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import gin
-import numpy as np
 import tensorflow as tf
 
 from orbitask.tasks import callbacks as callbacks_lib
+from orbitask.tasks import eval_logs, keras_compat
 from orbitask.tasks import gradients as gradients_lib
-from orbitask.tasks import keras_compat
 from orbitask.tasks.errors import ConfigError, check_positive_int_or_none
 
 
@@ -353,29 +352,22 @@ class Task:
     # Python-side metrics (Model Garden): eager, once per eval step / once per evaluation.
 
     def aggregate_logs(self, state: Any, step_logs: Mapping[str, Any]) -> Any:
-        """Folds one eval step's logs into `state`. Eager.
+        """Folds one eval step's logs into `state`. Eager; returns the new state.
 
         `step_logs` maps each key of `validation_step`'s logs to a tuple with one value per
-        replica. Default: sums every key over replicas and steps. Returns the new state.
+        replica. Default: `tasks.eval_logs.aggregate` (sums, and counts the values).
         """
-        state = dict(state or {})
-        for key, values in step_logs.items():
-            total = np.sum([np.asarray(v, dtype=np.float64) for v in values], axis=0)
-            state[key] = state.get(key, 0.0) + total
-        return state
+        return eval_logs.aggregate(state, step_logs)
 
     def reduce_aggregated_logs(self, aggregated_logs: Any, global_step: int | None = None) -> dict:
-        """Turns the aggregated state into final eval logs. Eager.
+        """Turns the aggregated state into final eval logs. Eager; returns `{name: value}`.
 
-        Returns `{name: value}`. Default: every summed key divided by `num_examples` (so `loss`
-        is the mean loss).
+        Default (`tasks.eval_logs`): with `num_examples` in the logs, every key divided by it (so
+        the default `loss` is the mean loss per example); without it, the mean of each key's
+        per-replica, per-step values (a step returning its batch's mean loss reports the mean).
         """
         del global_step
-        logs = dict(aggregated_logs or {})
-        count = logs.pop("num_examples", None)
-        if count:
-            logs = {k: v / count for k, v in logs.items()}
-        return {k: float(v) if np.ndim(v) == 0 else v for k, v in logs.items()}
+        return eval_logs.reduce(aggregated_logs)
 
     # Host callbacks.
 
