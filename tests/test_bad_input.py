@@ -135,3 +135,23 @@ def test_a_model_without_an_input_layer_trains(tmp_path):
 def test_a_model_without_weights_is_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"NoInputLayerOwnStep.build_model\(\) returned a model"):
         _run(NoInputLayerOwnStep(), tmp_path)
+
+
+class AverageLoss(TinyTask):
+    """A loss written with `tf.nn.compute_average_loss`, which needs replica context."""
+
+    def build_losses(self):
+        def loss_fn(loss_input):
+            logits, labels = loss_input
+            per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
+            return tf.nn.compute_average_loss(per_example) * tf.cast(
+                tf.shape(labels)[0], tf.float32
+            )
+
+        return loss_fn
+
+
+@pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
+def test_the_pre_flight_check_runs_the_loss_in_replica_context(tmp_path, strategy):
+    logs = _run(AverageLoss(), tmp_path, strategy=strategy)
+    assert np.isfinite(logs["train"]["loss"])

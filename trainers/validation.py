@@ -107,10 +107,15 @@ def check_inputs(
     if kind.train_step is not Task.train_step or not training:
         return
     batch = _zeros(element_spec, per_replica_batch_size)
+
+    def replica_loss(outputs):  # where the step computes it: in replica context
+        return loss_fn(task.loss_pre(outputs, batch, model, lr))
+
     try:
-        inputs = task.input_pre(batch, lr)
-        outputs = model(inputs, training=False)
-        loss = loss_fn(task.loss_pre(outputs, batch, model, lr))
+        # The model in cross-replica context: a model without an Input layer builds its weights.
+        outputs = model(task.input_pre(batch, lr), training=False)
+        strategy = tf.distribute.get_strategy()
+        loss = strategy.experimental_local_results(strategy.run(replica_loss, args=(outputs,)))[0]
     except Exception as e:  # noqa: BLE001 -- any failure here is a data/model mismatch
         text = " ".join(str(e).split())[:400]
         raise ConfigError(
