@@ -1,26 +1,33 @@
 """orbitask trainers: the Orbit trainer/evaluator, strategies and the experiment runner."""
 
-from orbitask.trainers.ema import ExponentialMovingAverage
-from orbitask.trainers.errors import ConfigError, NonFiniteLossError, Preempted
-from orbitask.trainers.experiment import run_experiment
-from orbitask.trainers.learning_rate import learning_rate_schedule
-from orbitask.trainers.nan_guard import NanGuard
-from orbitask.trainers.strategies import build_strategy, logical_cpus
-from orbitask.trainers.trainer import TaskTrainer
-from orbitask.trainers.validation_control import ValidationControl
-from orbitask.trainers.warm_start import WarmStart
+import importlib
 
-__all__ = [
-    "ConfigError",
-    "ExponentialMovingAverage",
-    "NanGuard",
-    "NonFiniteLossError",
-    "Preempted",
-    "TaskTrainer",
-    "ValidationControl",
-    "WarmStart",
-    "build_strategy",
-    "learning_rate_schedule",
-    "logical_cpus",
-    "run_experiment",
-]
+_WHERE = {  # public name -> the module defining it, imported on first use
+    "build_strategy": "orbitask.trainers.strategies",
+    "ConfigError": "orbitask.trainers.errors",
+    "ExponentialMovingAverage": "orbitask.trainers.ema",
+    "learning_rate_schedule": "orbitask.trainers.learning_rate",
+    "logical_cpus": "orbitask.trainers.strategies",
+    "NanGuard": "orbitask.trainers.nan_guard",
+    "NonFiniteLossError": "orbitask.trainers.errors",
+    "Preempted": "orbitask.trainers.errors",
+    "run_experiment": "orbitask.trainers.experiment",
+    "TaskTrainer": "orbitask.trainers.trainer",
+    "ValidationControl": "orbitask.trainers.validation_control",
+    "WarmStart": "orbitask.trainers.warm_start",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    """Imports the module behind a public name on first use (nothing heavy on import)."""
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

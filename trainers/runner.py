@@ -1,19 +1,7 @@
-"""`run_experiment` and `ExperimentRunner`: build a Task's objects on a strategy, run Orbit.
+"""`ExperimentRunner`: builds a Task's objects on a strategy and runs an Orbit controller.
 
-`ExperimentRunner` is built by small steps in this order, each a method a subclass may override
-(as Model Garden's `OrbitExperimentRunner`)::
-
-    _build_strategy     seeds, logical CPU devices, the tf.distribute strategy
-    in strategy.scope():
-      _build_objects    model, loss, global step, learning rate, optimizer, metrics
-      _build_train_input   the checkpointable train iterator, checked against the model
-      _build_summaries  train/ and eval/ summary managers
-      _build_callbacks  the task's every_steps / at_step callbacks as an Orbit action
-      _build_checkpoint the checkpoint and its manager
-    _build_eval_input   the distributed validation dataset
-    _build_trainer      the Orbit trainer and evaluator
-    _build_controller   the Orbit controller with its train and eval actions
-    run()               warm start, then the mode (train, eval, train_and_eval, continuous_eval)
+The run is built by small steps, in the order `build` calls them; each is a method a subclass may
+override, as in Model Garden's `OrbitExperimentRunner` (docs/architecture.md lists them).
 """
 
 from __future__ import annotations
@@ -31,6 +19,7 @@ from orbitask.trainers import (
     cluster,
     compat,
     inputs,
+    random_state,
     settings,
     step_errors,
     summaries,
@@ -105,7 +94,7 @@ class ExperimentRunner:
                 self.train_summaries.flush()
 
     def build(self) -> None:
-        """Builds every object of the run, in the order of the module docstring. Eager."""
+        """Builds every object of the run, in this order. Eager; returns None."""
         self.strategy = self._build_strategy()
         self.chief = cluster.is_chief(self.strategy)  # keeps checkpoints, summaries, config
         validation.check_model_dir(self.model_dir)
@@ -208,6 +197,9 @@ class ExperimentRunner:
             extra_state["loss_scale"] = self.loss_scale.checkpoint()
         if control is not None and self.evaluating:
             extra_state["validation_control"] = control.build()
+        roots = {"task": self.task, "model": self.model, "loss": self.loss_fn}
+        if (randomness := random_state.checkpointable(roots)) is not None:
+            extra_state["random_state"] = randomness
         checkpoint, manager = checkpoints.build(
             self.task,
             self.model_dir,

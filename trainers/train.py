@@ -55,7 +55,9 @@ def parse_gin(gin_files: list[str], gin_params: list[str]) -> None:
     """
     import gin
 
-    import orbitask  # noqa: F401  (registers the configurables)
+    import orbitask
+
+    orbitask.load_all()  # registers the configurables
 
     # The working directory, then the repository, ahead of gin's own '' prefix: with '' first,
     # an include such as 'configs/defaults.gin' that is not under the working directory goes to
