@@ -33,6 +33,12 @@ class ColumnLabels(TinyTask):
         self.y = self.y[:, None]
 
 
+class WrongFeatures(TinyTask):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.x = self.x[:, :5]
+
+
 class GlobalBatch(TinyTask):
     def build_inputs(self, per_replica_batch_size, input_context=None, training=True):
         return super().build_inputs(16, input_context, training)
@@ -56,6 +62,10 @@ CASES = [
     (FloatLabels, r"does not fit the model and loss: .*(int32|float)"),
     (ColumnLabels, r"does not fit the model and loss: .*(rank|shape|dimension)"),
     (GlobalBatch, r"yields batches of 16 but per_replica_batch_size is 8"),
+    (
+        WrongFeatures,
+        r"does not fit the model and loss: .*expected axis -1 of input shape to have value 6",
+    ),
     (PerExampleLoss, r"must return the SUM over the batch \(a scalar\); it returned shape \[8\]"),
 ]
 
@@ -65,6 +75,7 @@ def test_bad_data_is_reported_before_any_step(tmp_path, task_class, message):
     with pytest.raises(ConfigError, match=message) as info:
         _run(task_class(), tmp_path)
     assert "\n" not in str(info.value).split("In call to configurable")[0].strip()
+    assert "\x1b" not in str(info.value)  # no terminal colour codes from Keras
     assert tf.train.latest_checkpoint(str(tmp_path)) is None  # nothing was trained or saved
 
 

@@ -60,3 +60,18 @@ def test_two_replicas_equal_one_device_with_double_batch(tmp_path, flavour):
     assert any(
         not np.allclose(a, np.array(b)) for a, b in zip(one.final, fresh.weights, strict=True)
     )
+
+
+@pytest.mark.parametrize(
+    "strategy, line",
+    [
+        ("one_device", "orbitask: OneDeviceStrategy, 1 replica (CPU:0)"),
+        ("mirrored", "orbitask: MirroredStrategy, 2 replicas (CPU:0, CPU:1)"),
+    ],
+)
+def test_the_run_names_its_strategy_and_replicas_at_start(tmp_path, capsys, strategy, line):
+    run_experiment(
+        TinyTask(), str(tmp_path), mode="train", train_steps=1, global_batch_size=8,
+        strategy=strategy, progress=False,
+    )  # fmt: skip
+    assert capsys.readouterr().out.splitlines()[0] == line

@@ -10,6 +10,7 @@ import gin
 import tensorflow as tf
 from absl import logging
 
+from orbitask.tasks.errors import one_line
 from orbitask.trainers import compat
 from orbitask.trainers.errors import ConfigError
 
@@ -26,7 +27,7 @@ def unreadable_reason(path: str) -> str | None:
             if dtype != tf.variant:  # input-iterator state: not readable as NumPy
                 reader.get_tensor(key)
     except (tf.errors.OpError, ValueError, OSError) as e:
-        return " ".join(str(e).split())[:300]
+        return one_line(e, 300)
     return None
 
 
@@ -70,7 +71,7 @@ def restore(checkpoint: tf.train.Checkpoint, path: str) -> None:
     try:
         checkpoint.restore(path)
     except (ValueError, tf.errors.InvalidArgumentError) as e:
-        text = " ".join(str(e).split())
+        text = one_line(e)
         raise ConfigError(
             f"checkpoint {path} does not fit this model: {text} Use a new --model_dir, or "
             "warm-start from it with init_checkpoint."

@@ -47,6 +47,15 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
     return bool(strategy.extended.should_checkpoint)
 
 
+def describe(strategy: tf.distribute.Strategy) -> str:
+    """One line naming the strategy, its replicas and their devices. Eager; returns it."""
+    replicas = strategy.num_replicas_in_sync
+    devices = ", ".join(d.split("/device:")[-1] for d in strategy.extended.worker_devices)
+    where = f"this worker: {devices}" if task_type() else devices
+    plural = "s" if replicas != 1 else ""
+    return f"{type(strategy).__name__}, {replicas} replica{plural} ({where})"
+
+
 def is_parameter_server(strategy: tf.distribute.Strategy) -> bool:
     """True for a `ParameterServerStrategy` (trained by `trainers.ps_trainer`)."""
     return isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)

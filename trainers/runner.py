@@ -97,6 +97,8 @@ class ExperimentRunner:
         """Builds every object of the run, in this order. Eager; returns None."""
         self.strategy = self._build_strategy()
         self.chief = cluster.is_chief(self.strategy)  # keeps checkpoints, summaries, config
+        if self.chief:
+            print(f"orbitask: {cluster.describe(self.strategy)}", flush=True)
         validation.check_model_dir(self.model_dir)
         with self.strategy.scope():
             self._build_objects()

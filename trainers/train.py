@@ -42,7 +42,10 @@ def config_root() -> str:
 
 
 def _fail(message: str) -> int:
-    first = str(message).strip().splitlines()[0] if str(message).strip() else "error"
+    from orbitask.tasks.errors import one_line
+
+    lines = str(message).strip().splitlines()
+    first = one_line(lines[0]) if lines else "error"
     print(f"orbitask: error: {first}", file=sys.stderr)
     return EXIT_USAGE
 
@@ -136,8 +139,9 @@ def build_task():
 
 
 def _one_line(error: BaseException) -> str:
-    text = " ".join(str(error).split())
-    return text or type(error).__name__
+    from orbitask.tasks.errors import one_line
+
+    return one_line(error) or type(error).__name__
 
 
 def main(argv: list[str]) -> int:

@@ -14,6 +14,7 @@ from typing import Any
 import tensorflow as tf
 
 from orbitask.tasks import keras_compat
+from orbitask.tasks.errors import one_line
 from orbitask.trainers import inputs
 from orbitask.trainers.errors import ConfigError
 
@@ -27,7 +28,7 @@ def check_model_dir(model_dir: str) -> None:
             f.write("ok")
         tf.io.gfile.remove(probe)
     except (tf.errors.OpError, OSError) as e:
-        reason = " ".join(str(e).split())[:200]
+        reason = one_line(e, 200)
         raise ConfigError(
             f"--model_dir {model_dir!r} is not writable ({reason}); pass a directory you can "
             "write to."
@@ -117,7 +118,7 @@ def check_inputs(
         strategy = tf.distribute.get_strategy()
         loss = strategy.experimental_local_results(strategy.run(replica_loss, args=(outputs,)))[0]
     except Exception as e:  # noqa: BLE001 -- any failure here is a data/model mismatch
-        text = " ".join(str(e).split())[:400]
+        text = one_line(e, 400)
         raise ConfigError(
             f"a batch from {kind.__name__}.{where} ({received}) does not fit the model and "
             f"loss: {type(e).__name__}: {text}"
