@@ -71,3 +71,14 @@ def test_stop_and_restart_continues_from_step_k(tmp_path, flavour, strategy):
             np.testing.assert_allclose(b[name], a[name], rtol=1e-6, atol=1e-7, err_msg=name)
         elif name != "_CHECKPOINTABLE_OBJECT_GRAPH":
             np.testing.assert_array_equal(b[name], a[name], err_msg=name)
+
+
+def test_plain_tensorflow_restores_the_model_from_train_model(tmp_path):
+    _run(tmp_path, "keras", 5, "one_device")
+    restored = TinyTask().build_model()
+    path = tf.train.latest_checkpoint(str(tmp_path))
+    status = tf.train.Checkpoint(train_model=restored).restore(path).expect_partial()
+    status.assert_existing_objects_matched()
+    fresh = TinyTask().build_model()
+    pairs = zip(restored.weights, fresh.weights, strict=True)
+    assert any(not np.array_equal(a, b) for a, b in pairs)  # the trained weights, not the initial
