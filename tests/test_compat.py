@@ -156,3 +156,14 @@ def test_dataset_helpers_see_an_autotuned_prefetch_under_options():
     assert compat.autotuned_prefetch_input(top) is not None
     assert compat.autotuned_prefetch_input(base.prefetch(3)) is None
     assert compat.dataset_inputs(top)[0] is compat.autotuned_prefetch_input(top)
+
+
+def test_including_the_defaults_from_another_directory_logs_no_false_error(
+    tmp_path, monkeypatch, caplog
+):
+    from orbitask.trainers.train import parse_gin
+
+    monkeypatch.chdir(tmp_path)
+    with caplog.at_level("INFO"):
+        parse_gin(["experiments/digits.gin"], [])
+    assert not [r for r in caplog.records if "Path not found" in r.getMessage()]

@@ -7,6 +7,7 @@ version of a library changes it.
 from __future__ import annotations
 
 import contextlib
+import logging as logging_std
 import os
 from collections.abc import Iterator
 
@@ -87,3 +88,26 @@ def dataset_inputs(dataset: tf.data.Dataset) -> list:
         return list(dataset._inputs())  # noqa: SLF001
     except NotImplementedError:
         return []
+
+
+class _GinPathProbe(logging_std.Filter):
+    def filter(self, record: logging_std.LogRecord) -> bool:
+        probe = record.pathname.endswith(os.path.join("gin", "resource_reader.py"))
+        return not (probe and record.getMessage().startswith("Path not found"))
+
+
+@contextlib.contextmanager
+def quiet_gin_path_probes() -> Iterator[None]:
+    """While open, gin's "Path not found" errors are dropped. Eager; yields nothing.
+
+    gin tries an include under each search path with each file reader; its Python-package reader
+    logs an ERROR on the root logger for every path that is not a package, before a later search
+    path resolves the include.
+    """
+    probe = _GinPathProbe()
+    root = logging_std.getLogger()
+    root.addFilter(probe)
+    try:
+        yield
+    finally:
+        root.removeFilter(probe)

@@ -84,7 +84,8 @@ def parse_gin(gin_files: list[str], gin_params: list[str]) -> None:
         if folder not in sys.path:
             sys.path.append(folder)
     try:
-        gin.parse_config_files_and_bindings(gin_files, gin_params, finalize_config=False)
+        with compat.quiet_gin_path_probes():
+            gin.parse_config_files_and_bindings(gin_files, gin_params, finalize_config=False)
     except ImportError as e:
         raise ConfigError(
             f"bad gin config: {_one_line(e)}. A module in a gin `import` line must be importable: "
