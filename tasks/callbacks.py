@@ -17,11 +17,13 @@ the other objects are then in their state at the end of the loop).
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 
@@ -61,6 +63,27 @@ class CallbackContext:
         """Returns the last step's loss (global batch mean plus regularisation), eager, or None."""
         return self.logs.get("loss")
 
+    @property
+    def losses(self) -> dict[str, float]:
+        """Returns every loss among the step's scalar logs (`loss_logs`). Eager."""
+        return loss_logs(self.logs)
+
+
+_LOSS_NAME = re.compile(r"(^|[_/])loss($|[_/])")
+
+
+def loss_logs(logs: dict) -> dict[str, float]:
+    """The scalar logs that are losses: `loss`, `d_loss`, `loss/digit`, ...; `loss` first, then
+    by name. Eager; returns `{name: value}`."""
+    names = sorted(k for k, v in logs.items() if _LOSS_NAME.search(k) and np.ndim(v) == 0)
+    names.sort(key=lambda k: k != "loss")
+    return {k: float(logs[k]) for k in names}
+
+
+def format_losses(losses: dict[str, float]) -> str:
+    """`loss 0.1, d_loss 0.6`: the losses of one step for a line of text. Eager; returns it."""
+    return ", ".join(f"{name} {value:.6g}" for name, value in losses.items())
+
 
 def deferred(fn: Callback, batch: Callable | None = None) -> Callback:
     """Marks `fn` as a callback that reads only `ctx.step` and `ctx.logs`; returns `fn`. Eager.
@@ -84,29 +107,35 @@ def is_deferred(fn: Callback) -> bool:
 
 
 def print_loss(task: Any, ctx: CallbackContext) -> None:
-    """The seed's `every_steps[10]` default: prints the loss and writes it as a scalar summary.
+    """The seed's `every_steps[10]` default: prints the losses and writes them as summaries.
 
-    Eager, on the host; `deferred`, so it does not end device loops. Returns None.
+    Every loss among the step's scalar logs (`loss_logs`: `step 10: loss 0.3`, or for a GAN
+    `step 10: d_loss 0.6, g_loss 0.9`). Eager, on the host; `deferred`, so it does not end
+    device loops. Returns None.
     """
     del task
-    if ctx.loss is None:
+    losses = ctx.losses
+    if not losses:
         return
-    print(f"step {ctx.step}: loss {ctx.loss:.6g}", flush=True)
-    tf.summary.scalar("loss", ctx.loss, step=ctx.step)
+    print(f"step {ctx.step}: {format_losses(losses)}", flush=True)
+    for name, value in losses.items():
+        tf.summary.scalar(name, value, step=ctx.step)
 
 
 def _print_losses(task: Any, contexts: Sequence[CallbackContext]) -> None:
     """`print_loss` for all the steps of one device loop: one write to stdout; the summary
     points join the writer's kept scalars (`keep_scalars`), written with the loop outputs."""
     del task
-    points = [(c.step, c.loss) for c in contexts if c.loss is not None]
+    points = [(c.step, c.losses) for c in contexts]
+    points = [(step, losses) for step, losses in points if losses]
     if not points:
         return
-    sys.stdout.write("".join(f"step {step}: loss {loss:.6g}\n" for step, loss in points))
+    sys.stdout.write("".join(f"step {step}: {format_losses(ls)}\n" for step, ls in points))
     sys.stdout.flush()
     writer = contexts[0].summary_writer  # (a worker without summaries drops what it keeps)
     if writer is not None:
-        keep_scalars(writer, "loss", points)
+        for name in dict.fromkeys(name for _, losses in points for name in losses):
+            keep_scalars(writer, name, [(step, ls[name]) for step, ls in points if name in ls])
 
 
 deferred(print_loss, batch=_print_losses)

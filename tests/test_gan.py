@@ -108,3 +108,25 @@ def test_experiment_trains_and_evaluates(tmp_path, capsys):
     tf.train.Checkpoint(train_model=model).restore(
         tf.train.latest_checkpoint(str(tmp_path))
     ).assert_existing_objects_matched()
+
+
+def test_every_loss_is_shown_by_print_loss_the_progress_line_and_the_report(tmp_path, capsys):
+    import io
+    import re
+
+    from orbitask.trainers import progress, report
+
+    task = DigitsGAN(latent_dim=8, hidden_units=16)
+    run_experiment(
+        task, str(tmp_path), mode="train", train_steps=10, global_batch_size=16,
+        strategy="one_device", progress=False, loop_seconds=None, steps_per_loop=5,
+    )  # fmt: skip
+    printed = capsys.readouterr().out
+    assert re.search(r"^step 10: loss \S+, d_loss \S+, g_loss \S+$", printed, re.MULTILINE)
+    line = progress.ProgressAction(tf.Variable(10), 10, stream=io.StringIO()).line(
+        10, {"loss": 1.0, "d_loss": 0.6, "g_loss": 0.4, "grad_norm": 3.0}
+    )
+    assert line.endswith("| loss 1 | d_loss 0.6 | g_loss 0.4")
+    run = report.load_run(str(tmp_path))
+    text = report.summary(run, str(tmp_path), str(tmp_path / "report.png"), None)
+    assert re.search(r"last loss \S+, d_loss \S+, g_loss \S+", text), text

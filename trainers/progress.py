@@ -17,6 +17,7 @@ from typing import Any, TextIO
 
 import tensorflow as tf
 
+from orbitask.tasks import callbacks
 from orbitask.trainers.triggers import Trigger
 
 
@@ -83,8 +84,8 @@ class ProgressAction:
         t0, s0 = self._start
         rate = (step - s0) / (now - t0) if now > t0 and step > s0 else 0.0
         eta = _format_eta((self.total_steps - step) / rate) if rate else "?"
-        loss = logs.get("loss")
-        loss_text = f" | loss {float(loss):.4g}" if loss is not None else ""
+        losses = callbacks.loss_logs(logs)
+        loss_text = "".join(f" | {name} {value:.4g}" for name, value in losses.items())
         return f"step {step}/{self.total_steps} | {rate:.1f} steps/s | ETA {eta}{loss_text}"
 
     def __call__(self, train_output: dict) -> None:

@@ -138,6 +138,13 @@ def pick_metric(run: Run, metric: str | None = None) -> str | None:
     return others[0] if others else ("loss" if "loss" in run.eval else None)
 
 
+def _train_losses(run: Run) -> list[str]:
+    """The train summaries that are losses (`loss`, `d_loss`, `loss/digit`, ...), `loss` first."""
+    from orbitask.tasks.callbacks import loss_logs
+
+    return list(loss_logs({t: 0.0 for t in run.train}))
+
+
 def best(run: Run, metric: str) -> tuple[float, int]:
     """Returns `(best value, its step)` of eval summary `metric` (earliest step on ties)."""
     steps, values = run.eval[metric]
@@ -158,8 +165,12 @@ def plot(run: Run, path: str, title: str = "") -> None:
     axes = figure.subplots(2, 2).ravel()
     tags = sorted(run.eval)
     eval_losses = [(f"eval {t}", run.eval, t) for t in tags if t != "loss" and minimised(t)]
+    train_losses = [(f"train {t}", run.train, t) for t in _train_losses(run) if t != "loss"]
     panels = [
-        ("loss", [("train", run.train, "loss"), ("eval", run.eval, "loss"), *eval_losses]),
+        (
+            "loss",
+            [("train", run.train, "loss"), ("eval", run.eval, "loss"), *train_losses, *eval_losses],
+        ),
         ("eval metrics", [(t, run.eval, t) for t in tags if not minimised(t)]),
         ("learning rate", [("train", run.train, "learning_rate")]),
         ("steps/s", [("train", run.train, "steps_per_second")]),
@@ -194,9 +205,11 @@ def summary(run: Run, model_dir: str, png: str, metric: str | None) -> str:
     import tensorflow as tf
 
     lines = [f"run         {model_dir}"]
-    if "loss" in run.train:
-        steps, values = run.train["loss"]
-        lines.append(f"train       {int(steps[-1])} steps, last loss {values[-1]:.4g}")
+    losses = _train_losses(run)
+    if losses:
+        last = ", ".join(f"{t} {run.train[t][1][-1]:.4g}" for t in losses)
+        steps = int(max(run.train[t][0][-1] for t in losses))
+        lines.append(f"train       {steps} steps, last {last}")
     if metric:
         value, step = best(run, metric)
         direction = "min" if minimised(metric) else "max"
