@@ -201,6 +201,12 @@ class Task:
 
     # Steps: per replica, inside `strategy.run`, under tf.function.
 
+    # How the replicas' `train_step` logs combine into the step's logs, so that N replicas report
+    # what one device reports: "mean" when each replica's value is for its own batch (Keras and
+    # Model Garden steps, the default step), "sum" when each is already divided by the global
+    # batch (TensorFlow's custom-training tutorial: `tf.nn.compute_average_loss`).
+    replica_logs = "mean"
+
     def train_step(
         self,
         batch: Any,

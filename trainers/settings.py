@@ -241,6 +241,11 @@ def check(task: Any, model_dir: Any, mode: str, settings: Settings) -> None:
             f"{features.mixed_precision!r}. Set run_experiment.mixed_precision in your .gin file."
         )
     _check_default_step(task, features.mixed_precision == "mixed_float16", loop)
+    if getattr(task, "replica_logs", "mean") not in ("mean", "sum"):
+        raise ConfigError(
+            f"`{type(task).__name__}.replica_logs` must be 'mean' or 'sum'; received "
+            f"{task.replica_logs!r}. Set it on your Task class (see Task.train_step)."
+        )
     if not isinstance(model_dir, str) or not model_dir:
         raise ConfigError(f"`model_dir` must be a non-empty path; received {model_dir!r}.")
 

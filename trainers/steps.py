@@ -192,17 +192,20 @@ class GuardedBody:
 
 
 class Finish:
-    """Ends a step (traced, cross-replica): logs averaged over replicas, EMA moved, step counted."""
+    """Ends a step (traced, cross-replica): replica logs combined (`Task.replica_logs`: mean or
+    sum), EMA moved, step counted."""
 
-    def __init__(self, strategy, global_step: tf.Variable, ema: Any = None):
+    def __init__(self, strategy, global_step: tf.Variable, ema: Any = None, combine="mean"):
         self.strategy = strategy
         self.global_step = global_step
         self.ema = ema
+        self.combine = (
+            tf.distribute.ReduceOp.SUM if combine == "sum" else tf.distribute.ReduceOp.MEAN
+        )
 
     def __call__(self, per_replica_logs: dict, extra: dict) -> dict:
         logs = {
-            k: self.strategy.reduce(tf.distribute.ReduceOp.MEAN, v, axis=None)
-            for k, v in per_replica_logs.items()
+            k: self.strategy.reduce(self.combine, v, axis=None) for k, v in per_replica_logs.items()
         }
         logs.update(extra)
         if self.ema is not None:
@@ -249,7 +252,7 @@ class TrainStep:
             self.body = PlainBody(strategy, update.compute_and_apply, jit_compile)
         else:
             self.body = PlainBody(strategy, task_train_step(objects), jit_compile)
-        self.finish = Finish(strategy, objects.global_step, ema)
+        self.finish = Finish(strategy, objects.global_step, ema, objects.task.replica_logs)
 
     def reset(self) -> None:
         """Eager, before a new loop function is traced."""
