@@ -327,6 +327,7 @@ class Task:
             loss_per_batch, extra_loss, trainable_vars = self.grad_pre(
                 loss, outputs, batch, model, loss_fn, lr
             )
+            loss_per_batch = gradients_lib.batch_sum(loss_per_batch)  # per-example or summed
             scaled = tf.cast(loss_per_batch, tf.float32) / float(global_batch_size)
             if not gradients_lib.is_python_zero(extra_loss):  # no op for no regularisation
                 scaled += tf.cast(extra_loss, tf.float32) / float(replicas * micro_batches)
@@ -351,7 +352,7 @@ class Task:
         loss = loss_fn(self.loss_pre(outputs, batch, model, lr))
         self.process_metrics(metrics, batch, outputs)
         return {
-            "loss": tf.cast(loss, tf.float32),
+            "loss": tf.cast(gradients_lib.batch_sum(loss), tf.float32),
             "num_examples": tf.cast(_batch_size(inputs), tf.float32),
         }
 

@@ -92,6 +92,15 @@ def unscale(gradients: list, loss_scale: Any) -> list:
     return [None if g is None else tf.cast(g, tf.float32) / loss_scale for g in gradients]
 
 
+def batch_sum(loss: Any) -> Any:
+    """A loss as the sum over the batch: per-example losses (shape `[batch]`, TensorFlow's
+    `compute_average_loss` convention, e.g. a Keras loss with `reduction="none"`) are summed, a
+    scalar is kept. Traced; returns it."""
+    if getattr(loss, "shape", None) is not None and loss.shape.rank == 1:
+        return tf.reduce_sum(loss)
+    return loss
+
+
 def is_python_zero(value: Any) -> bool:
     """Whether `value` is a Python number equal to 0 (a loss term that needs no op). Eager."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0

@@ -44,11 +44,11 @@ class GlobalBatch(TinyTask):
         return super().build_inputs(16, input_context, training)
 
 
-class PerExampleLoss(TinyTask):
+class LogitShapedLoss(TinyTask):
     def build_losses(self):
         def loss_fn(loss_input):
             logits, labels = loss_input
-            return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+            return tf.square(logits)  # [batch, classes]: neither per-example nor summed
 
         return loss_fn
 
@@ -66,7 +66,11 @@ CASES = [
         WrongFeatures,
         r"does not fit the model and loss: .*expected axis -1 of input shape to have value 6",
     ),
-    (PerExampleLoss, r"must return the SUM over the batch \(a scalar\); it returned shape \[8\]"),
+    (
+        LogitShapedLoss,
+        r"must return per-example losses \(shape \[batch\], here \[8\]\) or their sum \(a "
+        r"scalar\); it returned shape \[8, 3\]",
+    ),
 ]
 
 

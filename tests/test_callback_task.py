@@ -139,3 +139,21 @@ def test_non_callable_seed_function_is_named():
 def test_bad_callback_table_key_is_named():
     with pytest.raises(ValueError, match="`every_steps` keys must be positive integers.*0"):
         CallbackTask.from_namespace(seed_program, every_steps={0: seed_program.log_loss})
+
+
+class PerExampleCrossEntropy(tf.Module):
+    """The seed's loss written with reduction "none": per-example losses, shape [batch]."""
+
+    def __call__(self, inputs):
+        output, gt = inputs
+        return tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")(
+            gt, output
+        )
+
+
+def test_a_seed_program_with_per_example_losses_runs_unchanged(tmp_path):
+    fns = {name: getattr(seed_program, name) for name in SEED_FUNCTIONS}
+    summed = _run(CallbackTask(**fns), tmp_path / "summed")
+    fns["create_loss"] = PerExampleCrossEntropy
+    per_example = _run(CallbackTask(**fns), tmp_path / "per_example")
+    assert per_example["train"]["loss"] == pytest.approx(summed["train"]["loss"], rel=1e-5)

@@ -70,7 +70,7 @@ def check_inputs(
     `input_pre` / `loss_pre` the batch must be an `(inputs, labels)` pair; with
     the default `make_batches` its batch dimension must be `per_replica_batch_size`; and with the
     default `train_step` a batch of zeros of that spec must go through `input_pre`, the model,
-    `loss_pre` and the loss eagerly, the loss being a scalar (the SUM over the batch).
+    `loss_pre` and the loss eagerly, the loss being per-example losses or their sum.
     """
     from orbitask.tasks import Task
 
@@ -124,10 +124,14 @@ def check_inputs(
             f"loss: {type(e).__name__}: {text}"
         ) from e
     shape = getattr(loss, "shape", None)
-    if shape is not None and shape.rank not in (0, None):
+    per_example = (
+        shape is not None and shape.rank == 1 and shape[0] in (None, per_replica_batch_size)
+    )
+    if shape is not None and shape.rank not in (0, None) and not per_example:
         raise ConfigError(
-            f"{kind.__name__}'s loss must return the SUM over the batch (a scalar); it returned "
-            f"shape {list(shape)}. Reduce with tf.reduce_sum in build_losses."
+            f"{kind.__name__}'s loss must return per-example losses (shape [batch], here "
+            f"[{per_replica_batch_size}]) or their sum (a scalar); it returned shape "
+            f"{list(shape)}. Fix build_losses."
         )
 
 
