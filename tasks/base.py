@@ -117,7 +117,7 @@ class Task:
         raise NotImplementedError(f"{type(self).__name__} must implement build_model().")
 
     def build_losses(self) -> Any:
-        """Returns `loss_fn`: `loss_fn(loss_input)` is per-example losses (shape `[batch]`) or their sum.
+        """Returns `loss_fn`; `loss_fn(loss_input)` gives per-example losses or their sum.
 
         Eager, once, in strategy scope; `loss_fn` itself is traced by tf.function in each step.
         """
