@@ -131,3 +131,59 @@ def test_halves_lr_on_worse_validation_exports_best_and_stops_early(tmp_path):
 def test_unknown_metric_is_named(tmp_path):
     with pytest.raises(ValueError, match="'acc' is not in the eval logs"):
         _control_run(tmp_path, 2, ValidationControl(metric="acc"))
+
+
+class Scripted(TinyTask):
+    """Each evaluation logs the next of `scores` as `score` (lower is better)."""
+
+    def __init__(self, scores):
+        super().__init__()
+        self.scores = list(scores)
+        self.rates = Recorder()
+
+    def every_steps(self):
+        return {1: self.rates}
+
+    def reduce_aggregated_logs(self, aggregated_logs, global_step=None):
+        logs = super().reduce_aggregated_logs(aggregated_logs, global_step)
+        logs["score"] = self.scores.pop(0)
+        return logs
+
+
+def _model_weights(path):
+    model = Scripted([]).build_model()
+    tf.train.Checkpoint(train_model=model).restore(path).expect_partial()
+    return [np.array(v) for v in model.weights]
+
+
+def test_patience_counts_worse_validations_in_a_row_and_best_holds_the_best_weights(tmp_path):
+    # Evaluations at steps 2, 4, 6, 8, 10: best, worse, best, worse, worse -> stop at step 10.
+    task = Scripted([3.0, 4.0, 1.0, 2.0, 5.0, 0.5, 0.4])
+    logs = run_experiment(
+        task,
+        str(tmp_path),
+        mode="train_and_eval",
+        train_steps=20,
+        global_batch_size=8,
+        learning_rate=0.05,
+        eval_interval=2,
+        checkpoint_interval=2,
+        progress=False,
+        validation_control=ValidationControl(metric="score", early_stop_patience=2),
+    )
+    # The improvement at step 6 restarted the count: not stopped at step 8.
+    assert logs.get("early_stop", "").startswith("early stop at step 10:"), logs
+    rates = {step: logs_["learning_rate"] for step, logs_ in task.rates.calls}
+    assert sorted(rates) == list(range(1, 11))
+    for step, rate in rates.items():  # halved after the worse validations at steps 4 and 8
+        assert rate == pytest.approx(0.05 if step <= 4 else 0.025 if step <= 8 else 0.0125)
+
+    # best/ holds the weights of step 6 (score 1.0), not those of a later evaluation.
+    info = json.loads((tmp_path / "best" / "info.json").read_text())
+    assert info["score"] == 1.0 and info["best_ckpt_global_step"] == 6
+    best = _model_weights(tf.train.latest_checkpoint(str(tmp_path / "best")))
+    at_6 = _model_weights(str(tmp_path / "ckpt-6"))
+    at_10 = _model_weights(str(tmp_path / "ckpt-10"))
+    for b, a in zip(best, at_6, strict=True):
+        np.testing.assert_array_equal(b, a)
+    assert not all(np.array_equal(b, c) for b, c in zip(best, at_10, strict=True))

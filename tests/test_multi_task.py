@@ -82,6 +82,13 @@ def test_train_logs_per_task_losses_and_validation_excludes_tasks(tmp_path):
     assert results["eval"]["loss"] == results["eval"]["loss/digit"]
 
 
+def test_validation_loss_is_the_weighted_mean_of_the_task_losses(tmp_path):
+    results = _train(_digits(), tmp_path, mode="train_and_eval", steps=2)["eval"]
+    digit, parity = results["loss/digit"], results["loss/parity"]
+    assert digit > parity + 0.5  # far apart, so the weights (1 and 0.5) change the mean
+    assert results["loss"] == pytest.approx((digit + 0.5 * parity) / 1.5, rel=1e-6)
+
+
 @pytest.mark.parametrize(
     "sharing, kernels",
     [

@@ -3,6 +3,7 @@
 import random
 import shutil
 import signal
+import sys
 
 import pytest
 import tensorflow as tf
@@ -37,6 +38,35 @@ def test_two_fresh_deterministic_runs_are_identical(tmp_path):
         done = faults.run(faults.command(tmp_path / name, 1, 60))
         assert done.returncode == 0, done.stderr[-2000:]
     faults.assert_identical(faults.final_state(tmp_path / "a"), faults.final_state(tmp_path / "b"))
+
+
+OP_DETERMINISM_PROBE = """
+import sys
+import tensorflow as tf
+from orbitask.trainers import run_experiment
+from tests.helpers import TinyTask
+
+def unseeded_random_allowed():
+    try:
+        tf.random.Generator.from_non_deterministic_state()
+    except RuntimeError:  # refused while op determinism is on
+        return False
+    return True
+
+print("before", unseeded_random_allowed())
+run_experiment(TinyTask(), sys.argv[1], mode="train", train_steps=1, global_batch_size=8,
+               progress=False, seed=7)
+print("after", unseeded_random_allowed())
+"""
+
+
+def test_a_seed_turns_on_op_determinism(tmp_path):
+    """In a fresh process: op determinism is process-wide and cannot be turned off again."""
+    cmd = [sys.executable, "-c", OP_DETERMINISM_PROBE, str(tmp_path / "run")]
+    done = faults.run(cmd)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [x for x in done.stdout.splitlines() if x.startswith(("before ", "after "))]
+    assert lines == ["before True", "after False"], done.stdout[-2000:]
 
 
 def test_sigterm_saves_exits_75_and_resumes_exactly(tmp_path):

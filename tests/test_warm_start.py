@@ -86,3 +86,32 @@ def test_warm_start_reports_mismatch_and_refuses_nothing_matched(tmp_path):
         WarmStart(str(tmp_path / "pre"), root="model").apply(TinyTask().build_model())
     with pytest.raises(ConfigError, match="cannot be read"):
         WarmStart(str(tmp_path / "nowhere")).apply(TinyTask().build_model())
+
+
+def test_a_resumed_run_keeps_its_own_weights(tmp_path, capsys):
+    _train(tmp_path / "pre", 4)
+
+    def warm_started(model_dir, steps):
+        run_experiment(
+            TinyTask(),
+            str(model_dir),
+            mode="train",
+            train_steps=steps,
+            global_batch_size=8,
+            learning_rate=0.05,
+            checkpoint_interval=2,
+            progress=False,
+            warm_start=WarmStart(str(tmp_path / "pre")),
+        )
+
+    warm_started(tmp_path / "full", 4)
+    warm_started(tmp_path / "split", 2)
+    assert "warm start from" in capsys.readouterr().out
+    warm_started(tmp_path / "split", 4)  # resumes from its step-2 checkpoint
+    for a, b in zip(
+        checkpoint_weights(TinyTask(), tmp_path / "full"),
+        checkpoint_weights(TinyTask(), tmp_path / "split"),
+        strict=True,
+    ):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7)
+    assert "warm start from" not in capsys.readouterr().out
