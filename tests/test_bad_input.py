@@ -170,3 +170,16 @@ class AverageLoss(TinyTask):
 def test_the_pre_flight_check_runs_the_loss_in_replica_context(tmp_path, strategy):
     logs = _run(AverageLoss(), tmp_path, strategy=strategy)
     assert np.isfinite(logs["train"]["loss"])
+
+
+def test_a_model_built_outside_build_model_is_one_line(tmp_path):
+    prebuilt = TinyTask().build_model()  # at import time, outside the strategy's scope
+
+    class Prebuilt(TinyTask):
+        def build_model(self):
+            return prebuilt
+
+    with pytest.raises(
+        ConfigError, match=r"made outside the strategy's scope \(.*kernel.*\): build"
+    ):
+        _run(Prebuilt(), tmp_path, strategy="mirrored")

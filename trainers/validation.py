@@ -147,6 +147,30 @@ def needs_losses(task: Any, training: bool, evaluating: bool) -> bool:
     return not (own_steps and kind.build_losses is Task.build_losses)
 
 
+def check_built_in_scope(task: Any, model: Any, strategy: Any) -> None:
+    """Refuses model weights made outside the strategy's scope (a model built when the task's
+    module was imported, not in `build_model`): replicas could not share them. Eager; returns
+    None.
+
+    Raises:
+      ConfigError: naming the first such weight.
+    """
+    if strategy.num_replicas_in_sync < 2:
+        return
+    models = model.values() if isinstance(model, dict) else [model]
+    for variable in (v for m in models for v in m.trainable_variables):
+        inner = variable if isinstance(variable, tf.Variable) else getattr(variable, "value", None)
+        if isinstance(inner, tf.Variable) and not strategy.extended.variable_created_in_scope(
+            inner
+        ):
+            name = getattr(variable, "path", None) or variable.name
+            raise ConfigError(
+                f"{type(task).__name__}.build_model() returned weights made outside the "
+                f"strategy's scope ({name}): build the model inside build_model, not when your "
+                "module is imported or in __init__."
+            )
+
+
 def checked_train_iterator(
     task: Any, strategy: Any, global_batch_size: int, accumulation: int, objects: tuple
 ) -> Any:
@@ -162,6 +186,7 @@ def checked_train_iterator(
     """
     model, loss_fn, lr, optimizer = objects
     replicas = strategy.num_replicas_in_sync
+    check_built_in_scope(task, model, strategy)
     iterator = inputs.train_iterator(task, strategy, global_batch_size, accumulation)
     check_checkpointable_input(task, iterator)
     spec, per_replica = iterator.element_spec, global_batch_size // replicas
