@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -58,27 +60,61 @@ def start(cmd):
     )
 
 
-def wait_for_checkpoint(model_dir, proc, min_step=20, timeout=120):
-    """Waits until a checkpoint at or past `min_step` exists (training is under way)."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
+def wait_for_checkpoint(model_dir, proc, min_step=20, timeout=180):
+    """Waits until a checkpoint at or past `min_step` exists (training is under way): on the
+    file, up to `timeout` seconds in all."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
         latest = tf.train.latest_checkpoint(str(model_dir))
         if latest and int(latest.rsplit("-", 1)[1]) >= min_step:
             return latest
         if proc.poll() is not None:
-            raise AssertionError(f"run ended early:\n{proc.stdout.read()}")
+            output = proc.stdout.read() if proc.stdout else "(see the launcher's log)"
+            raise AssertionError(f"run ended early (exit {proc.returncode}):\n{output}")
         time.sleep(0.02)
-    raise AssertionError("no checkpoint appeared")
+    raise AssertionError(f"no checkpoint at step >= {min_step} within {timeout} s")
 
 
-def kill_at_random(cmd, model_dir, rng: random.Random, sig=signal.SIGKILL, max_delay=0.5):
-    """Starts the run, waits for training, sleeps a random time, sends `sig`; returns the proc."""
+def replicas_in(output: str) -> list[int]:
+    """The replica counts in the runs' start lines (`orbitask: MirroredStrategy, 2 replicas
+    (...)`, printed by the chief) found in `output`, in order."""
+    return [int(n) for n in re.findall(r"orbitask: \w+Strategy, (\d+) replicas? \(", output)]
+
+
+def kill_after_line(cmd, rng: random.Random, sig=signal.SIGKILL, steps=(30, 50, 70), timeout=180):
+    """Starts the run, waits for its `step N: loss` line (N drawn from `steps`: training is under
+    way, past the first checkpoint at step 20), sends `sig` and waits for the exit.
+
+    Waits on the output, not on a clock: up to `timeout` seconds in all, for a slow machine.
+    Returns `(proc, output)`, the output being everything the run printed.
+    """
+    target = f"step {rng.choice(steps)}: loss"
     proc = start(cmd)
-    wait_for_checkpoint(model_dir, proc)
-    time.sleep(rng.uniform(0.0, max_delay))
-    proc.send_signal(sig)
-    proc.wait(timeout=120)
-    return proc
+    lines, seen = [], threading.Event()
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith(target):
+                seen.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + timeout
+    try:
+        while not seen.wait(0.05):
+            if not reader.is_alive() or time.monotonic() > deadline:
+                raise AssertionError(
+                    f"no line {target!r} (exit {proc.poll()}):\n{''.join(lines)[-3000:]}"
+                )
+        proc.send_signal(sig)
+        proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    reader.join(timeout=30)
+    return proc, "".join(lines)
 
 
 def final_state(model_dir) -> dict[str, np.ndarray]:

@@ -1,4 +1,4 @@
-"""Small real tasks for tests: a tiny Dense classifier in either Keras flavour."""
+"""Small real tasks for tests: a tiny Dense classifier and a linear model with a known gradient."""
 
 from __future__ import annotations
 
@@ -62,13 +62,83 @@ class TinyTask(Task):
 
 
 class Recorder:
-    """A plain-Python callback recording (step, logs) after every step it is due at."""
+    """A plain-Python callback recording (step, logs) after every step it is due at, and the
+    replica counts of the strategies it ran under (`replicas`, a set)."""
 
     def __init__(self):
         self.calls = []
+        self.replicas = set()
 
     def __call__(self, task, ctx):
         self.calls.append((ctx.step, dict(ctx.logs)))
+        self.replicas.add(ctx.strategy.num_replicas_in_sync)
+
+
+class LinearTask(Task):
+    """`y = x @ w` with w (one weight per column of x) starting at 0, loss `SUM(y * m)`, plain SGD.
+
+    The differentiated value is `SUM(y * m) / global_batch_size`, so each step's gradient of
+    `w[j]` is the batch mean of `x[:, j] * m`: with a column of ones and `m` = 1 it is exactly 1,
+    and SGD moves that weight by exactly minus the optimizer's rate. Batches are rows in order.
+    """
+
+    def __init__(self, x, m=None, flavour="keras", **kwargs):
+        super().__init__(**kwargs)
+        self.x = np.asarray(x, np.float32)
+        self.m = np.ones(len(self.x), np.float32) if m is None else np.asarray(m, np.float32)
+        self.flavour = flavour
+
+    def build_inputs(self, per_replica_batch_size, input_context=None, training=True):
+        ds = tf.data.Dataset.from_tensor_slices((self.x, self.m))
+        if training:
+            ds = ds.repeat()
+        return ds.batch(per_replica_batch_size, drop_remainder=training)
+
+    def build_model(self):
+        k = keras_module(self.flavour)
+        dense = k.layers.Dense(1, use_bias=False, kernel_initializer="zeros")
+        return k.Sequential([k.Input((self.x.shape[1],)), dense])
+
+    def build_losses(self):
+        def loss_fn(loss_input):
+            outputs, m = loss_input
+            return tf.reduce_sum(outputs[:, 0] * tf.cast(m, outputs.dtype))
+
+        return loss_fn
+
+    def build_optimizer(self, learning_rate):
+        return keras_module(self.flavour).optimizers.SGD(learning_rate)
+
+
+def nan_rows(n, rows) -> np.ndarray:
+    """LinearTask inputs: two columns of ones, column 1 NaN at `rows`. A step with such a row
+    has a NaN loss and a NaN gradient for `w[1]`, while `w[0]`'s gradient stays exactly 1."""
+    x = np.ones((n, 2), np.float32)
+    x[rows, 1] = np.nan
+    return x
+
+
+class StepRecorder:
+    """A plain-Python callback recording, by step, what the optimizer holds after that step.
+
+    `steps[s]` has `logs`, `optimizer_lr` (the optimizer's own rate, not orbitask's `lr`),
+    `iterations` (the optimizer's update count), `weights` (the model's) and `replicas`.
+    """
+
+    def __init__(self):
+        self.steps = {}
+
+    def __call__(self, task, ctx):
+        self.steps[ctx.step] = dict(
+            logs=dict(ctx.logs),
+            optimizer_lr=float(np.array(ctx.optimizer.learning_rate)),
+            iterations=int(np.array(ctx.optimizer.iterations)),
+            weights=weights(ctx.model),
+            replicas=ctx.strategy.num_replicas_in_sync,
+        )
+
+    def column(self, name) -> list:
+        return [self.steps[s][name] for s in sorted(self.steps)]
 
 
 def weights(model) -> list[np.ndarray]:

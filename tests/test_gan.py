@@ -57,6 +57,7 @@ def uninterrupted(tmp_path_factory):
 def test_both_optimizers_are_checkpointed(uninterrupted):
     model_dir, task = uninterrupted
     assert [s for s, _ in task.recorder.calls] == list(range(1, 9))
+    assert task.recorder.replicas == {2}
     state = _state(model_dir)
     for key in ("generator", "discriminator"):
         assert state[f"optimizer/{key}/_iterations/.ATTRIBUTES/VARIABLE_VALUE"] == 8
@@ -69,6 +70,7 @@ def test_stop_and_restart_continues_both_optimizers(tmp_path, uninterrupted):
     _run(tmp_path, 4)
     resumed = _run(tmp_path, 8)
     assert [s for s, _ in resumed.recorder.calls] == [5, 6, 7, 8]
+    assert resumed.recorder.replicas == {2}
     for (s, l1), (_, l2) in zip(full.recorder.calls[4:], resumed.recorder.calls, strict=True):
         for key in KEYS:
             np.testing.assert_allclose(l2[key], l1[key], rtol=1e-6, err_msg=f"{key} @{s}")
@@ -81,6 +83,7 @@ def test_stop_and_restart_continues_both_optimizers(tmp_path, uninterrupted):
 def test_two_replicas_equal_one_device_with_double_batch(tmp_path, uninterrupted):
     full_dir, two = uninterrupted
     one = _run(tmp_path, 8, strategy="one_device")
+    assert one.recorder.replicas == {1} and two.recorder.replicas == {2}
     for (s, l1), (_, l2) in zip(one.recorder.calls, two.recorder.calls, strict=True):
         for key in KEYS:
             np.testing.assert_allclose(l2[key], l1[key], rtol=1e-5, err_msg=f"{key} @{s}")

@@ -1,10 +1,11 @@
 """Hook order, and callbacks at exact steps whatever `steps_per_loop` is, also across a resume."""
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
 from orbitask.trainers import run_experiment
-from tests.helpers import Recorder, TinyTask
+from tests.helpers import LinearTask, Recorder, StepRecorder, TinyTask
 
 STAGES = ("input_pre", "loss_pre", "grad_pre", "process_metrics", "update_pre")
 BUILDERS = (
@@ -154,7 +155,7 @@ def test_at_step_passed_before_a_restart_does_not_fire_again(tmp_path):
 
 def test_callback_changes_learning_rate_and_it_reaches_the_optimizer(tmp_path):
     class Halve(TinyTask):
-        seen = Recorder()
+        seen = StepRecorder()
 
         def every_steps(self):
             return {1: self.seen}
@@ -173,7 +174,46 @@ def test_callback_changes_learning_rate_and_it_reaches_the_optimizer(tmp_path):
         steps_per_loop=100,
         progress=False,
     )
-    rates = [round(logs["learning_rate"], 6) for _, logs in task.seen.calls]
-    assert rates == [0.01, 0.01, 0.01, 0.005, 0.005]
+    expected = [0.01, 0.01, 0.01, 0.005, 0.005]
+    logged = [logs["learning_rate"] for logs in task.seen.column("logs")]
+    assert logged == pytest.approx(expected)
+    # The optimizer's own rate, read after each step: the one the update used.
+    assert task.seen.column("optimizer_lr") == pytest.approx(expected)
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(tmp_path)))
     assert reader.get_tensor("lr/.ATTRIBUTES/VARIABLE_VALUE") == pytest.approx(0.005)
+
+
+@pytest.mark.parametrize(
+    "flavour,strategy,replicas",
+    [("keras", "one_device", 1), ("tf_keras", "one_device", 1), ("keras", "mirrored", 2)],
+)
+def test_rate_assigned_by_a_callback_moves_sgd_weights_by_exactly_that_rate(
+    tmp_path, flavour, strategy, replicas
+):
+    """A weight whose gradient is exactly 1 (LinearTask) moves by minus the rate at each step."""
+
+    class Assign(LinearTask):
+        def every_steps(self):
+            return {1: self.seen}
+
+        def at_step(self):
+            return {2: lambda t, c: c.lr.assign(0.25)}
+
+    task = Assign(np.ones((32, 1)), flavour=flavour)
+    task.seen = StepRecorder()
+    run_experiment(
+        task,
+        str(tmp_path),
+        mode="train",
+        train_steps=4,
+        global_batch_size=8,
+        learning_rate=0.1,
+        steps_per_loop=100,
+        checkpoint_interval=None,
+        strategy=strategy,
+        progress=False,
+    )
+    assert task.seen.column("replicas") == [replicas] * 4
+    assert task.seen.column("optimizer_lr") == pytest.approx([0.1, 0.1, 0.25, 0.25])
+    moved = [float(w[0].item()) for w in task.seen.column("weights")]
+    assert moved == pytest.approx([-0.1, -0.2, -0.45, -0.7], rel=1e-6)

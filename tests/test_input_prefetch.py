@@ -89,6 +89,7 @@ def test_two_replicas_prefetch_train_prefetch_steps_of_elements():
     strategy = tf.distribute.MirroredStrategy(
         [d.name for d in tf.config.list_logical_devices("CPU")[:2]]
     )
+    assert strategy.num_replicas_in_sync == 2
     with strategy.scope():
         two = inputs.train_iterator(AutotunedTask(), strategy, 16)
         accumulating = inputs.train_iterator(AutotunedTask(), strategy, 16, accumulation=3)

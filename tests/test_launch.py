@@ -121,15 +121,33 @@ def test_parameter_server_worker_is_restarted_in_place():
     assert "worker 1 exited with status 1; restarting it in place" in out.getvalue()
 
 
+def signal_once_printed(out, lines, sig, timeout=60):
+    """From a thread: sends `sig` to this process once every one of `lines` is in `out` (the
+    launcher's output). Waits on the output, not on a clock; gives up after `timeout` seconds
+    or once `stop` is set. Returns `stop` (a threading.Event)."""
+    stop = threading.Event()
+
+    def wait():
+        deadline = time.monotonic() + timeout
+        while not stop.wait(0.02) and time.monotonic() < deadline:
+            if all(line in out.getvalue() for line in lines):
+                os.kill(os.getpid(), sig)
+                return
+
+    threading.Thread(target=wait, daemon=True).start()
+    return stop
+
+
 def test_sigterm_is_relayed_and_the_save_status_returned():
     runner, out = launcher({"worker 0": "term", "worker 1": "term"})
-    timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGTERM))
-    timer.start()
+    # SIGTERM once both workers have their handler (they print "ready" after installing it).
+    ready = ["[worker 0] ready", "[worker 1] ready"]
+    stop = signal_once_printed(out, ready, signal.SIGTERM)
     try:
         status, seconds = timed_run(runner)
     finally:
-        timer.cancel()
-    assert status == 75 and seconds < 20
+        stop.set()
+    assert status == 75 and seconds < 20, out.getvalue()
     assert "SIGTERM received; relaying SIGTERM" in out.getvalue()
 
 

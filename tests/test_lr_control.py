@@ -7,16 +7,17 @@ import pytest
 import tensorflow as tf
 
 from orbitask.trainers import ValidationControl, learning_rate_schedule, run_experiment
-from tests.helpers import Recorder, TinyTask, checkpoint_weights
+from tests.helpers import LinearTask, Recorder, StepRecorder, TinyTask, checkpoint_weights
 
 
 class Rec(TinyTask):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.rec = Recorder()
+        self.seen = StepRecorder()
 
     def every_steps(self):
-        return {1: self.rec}
+        return {1: [self.rec, self.seen]}
 
 
 def _weights(model_dir):
@@ -38,6 +39,8 @@ def test_accumulating_k_batches_equals_one_batch_k_times_larger(tmp_path, strate
     )
     # The step counter and callbacks count optimizer updates.
     assert [s for s, _ in acc.rec.calls] == [1, 2, 3]
+    replicas = 2 if strategy == "mirrored" else 1
+    assert big.rec.replicas == acc.rec.replicas == {replicas}
     for (_, a), (_, b) in zip(big.rec.calls, acc.rec.calls, strict=True):
         np.testing.assert_allclose(b["loss"], a["loss"], rtol=1e-5)
         np.testing.assert_allclose(b["grad_norm"], a["grad_norm"], rtol=1e-5)
@@ -69,9 +72,39 @@ def test_schedules_drive_the_rate_at_every_step(tmp_path, kind, kwargs, at):
         steps_per_loop=100,
         progress=False,
     )
-    # Logged after step s: the rate used by step s was schedule(s - 1).
+    # Logged after step s: the rate used by step s was schedule(s - 1), in the optimizer too.
     for step, logs in task.rec.calls:
         assert logs["learning_rate"] == pytest.approx(float(schedule(step - 1)), rel=1e-5)
+        rate = task.seen.steps[step]["optimizer_lr"]
+        assert rate == pytest.approx(float(schedule(step - 1)), rel=1e-5, abs=1e-7)
+
+
+@pytest.mark.parametrize("flavour", ["keras", "tf_keras"])
+def test_schedule_moves_sgd_weights_by_exactly_the_scheduled_rate(tmp_path, flavour):
+    """The weight's gradient is exactly 1 (LinearTask): step s moves it by -schedule(s - 1)."""
+
+    class Linear(LinearTask):
+        def every_steps(self):
+            return {1: self.seen}
+
+    schedule = learning_rate_schedule("exponential", initial=0.1, decay_steps=2, decay_rate=0.5)
+    task = Linear(np.ones((40, 1)), flavour=flavour)
+    task.seen = StepRecorder()
+    run_experiment(
+        task,
+        str(tmp_path),
+        mode="train",
+        train_steps=5,
+        global_batch_size=8,
+        learning_rate=schedule,
+        steps_per_loop=100,
+        checkpoint_interval=None,
+        progress=False,
+    )
+    rates = [float(schedule(s)) for s in range(5)]  # 0.1, 0.0707, 0.05, 0.0354, 0.025
+    assert task.seen.column("optimizer_lr") == pytest.approx(rates, rel=1e-6)
+    moved = [float(w[0].item()) for w in task.seen.column("weights")]
+    assert moved == pytest.approx(-np.cumsum(rates), rel=1e-5)
 
 
 def test_schedule_needs_decay_steps():
@@ -85,9 +118,10 @@ class Worsening(TinyTask):
     def __init__(self):
         super().__init__()
         self.rates = Recorder()
+        self.seen = StepRecorder()
 
     def every_steps(self):
-        return {1: self.rates}
+        return {1: [self.rates, self.seen]}
 
 
 def _control_run(model_dir, steps, control, lr=3.0):
@@ -116,6 +150,11 @@ def test_halves_lr_on_worse_validation_exports_best_and_stops_early(tmp_path):
     rates = {round(logs_["learning_rate"], 6) for _, logs_ in task.rates.calls}
     rates = sorted(rates, reverse=True)
     assert rates[:2] == [3.0, 1.5]  # halved once per worse validation
+    # The optimizer's own rate follows: after every step it is the logged one.
+    logged = [logs_["learning_rate"] for logs_ in task.seen.column("logs")]
+    assert task.seen.column("optimizer_lr") == pytest.approx(logged, rel=1e-6)
+    optimizer_rates = sorted(set(np.round(task.seen.column("optimizer_lr"), 6)), reverse=True)
+    assert optimizer_rates[:2] == [3.0, 1.5]
     best = json.loads((tmp_path / "best" / "info.json").read_text())
     assert best["loss"] <= logs["eval"]["loss"]
     assert tf.train.latest_checkpoint(str(tmp_path / "best"))

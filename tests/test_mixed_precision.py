@@ -4,7 +4,15 @@ import numpy as np
 import pytest
 
 from orbitask.trainers import ConfigError, run_experiment
-from tests.helpers import Recorder, TinyTask, checkpoint_weights
+from tests.helpers import (
+    LinearTask,
+    Recorder,
+    StepRecorder,
+    TinyTask,
+    checkpoint_weights,
+    keras_module,
+    weights,
+)
 
 
 class Rec(TinyTask):
@@ -44,6 +52,89 @@ def test_mixed_precision_trains_with_float32_weights(tmp_path, flavour, policy):
         assert task.rec.calls[0][1]["loss_scale"] == 2.0**15
     for value in checkpoint_weights(TinyTask(flavour=flavour), tmp_path):
         assert value.dtype == np.float32 and np.all(np.isfinite(value))
+
+
+class SgdRec(TinyTask):
+    """TinyTask with plain SGD and no clipping: an update is the learning rate times the
+    gradient itself (Nadam's would hardly change if the gradient were scaled by a constant)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(clip_norm=None, **kwargs)
+        self.seen = StepRecorder()
+
+    def build_optimizer(self, learning_rate):
+        return keras_module(self.flavour).optimizers.SGD(learning_rate)
+
+    def every_steps(self):
+        return {1: self.seen}
+
+
+@pytest.mark.parametrize("flavour", ["keras", "tf_keras"])
+def test_float16_updates_equal_float32_updates(tmp_path, flavour):
+    """Same task, same data, 3 steps: the loss-scaled float16 step moves the weights as the
+    float32 step does (to float16 precision)."""
+    runs = {}
+    for policy in ("mixed_float16", None):
+        task = SgdRec(flavour=flavour)
+        run_experiment(
+            task,
+            str(tmp_path / str(policy)),
+            mode="train",
+            train_steps=3,
+            global_batch_size=8,
+            learning_rate=0.5,
+            steps_per_loop=100,
+            checkpoint_interval=None,
+            progress=False,
+            mixed_precision=policy,
+        )
+        runs[policy] = task.seen
+    start = weights(SgdRec(flavour=flavour).build_model())
+    half, full = runs["mixed_float16"], runs[None]
+    assert [logs["loss_scale"] for logs in half.column("logs")] == [2.0**15] * 3
+    assert half.column("iterations") == full.column("iterations") == [1, 2, 3]
+    for step in (1, 2, 3):
+        losses = [run.steps[step]["logs"]["loss"] for run in (half, full)]
+        assert losses[0] == pytest.approx(losses[1], rel=1e-2)
+        for w0, w16, w32 in zip(
+            start, half.steps[step]["weights"], full.steps[step]["weights"], strict=True
+        ):
+            moved = w32 - w0
+            assert np.abs(moved).max() > 1e-3  # the step really moved this variable
+            np.testing.assert_allclose(w16 - w0, moved, rtol=1e-2, atol=5e-3 * np.abs(moved).max())
+
+
+@pytest.mark.parametrize("flavour", ["keras", "tf_keras"])
+def test_an_overflowing_float16_step_changes_no_weight_and_halves_the_scale(tmp_path, flavour):
+    """LinearTask (gradient exactly 1): step 3's loss is 10**4 times larger, so its float16
+    gradient (times the 2**15 scale) overflows. That step is skipped (weights and the optimizer's
+    count unchanged) and the scale halves; the next step trains at the halved scale."""
+
+    class Linear(LinearTask):
+        def every_steps(self):
+            return {1: self.seen}
+
+    m = np.ones(40, np.float32)
+    m[16:24] = 1e4  # the rows of step 3 (batch 8)
+    task = Linear(np.ones((40, 1)), m, flavour=flavour)
+    task.seen = StepRecorder()
+    run_experiment(
+        task,
+        str(tmp_path),
+        mode="train",
+        train_steps=4,
+        global_batch_size=8,
+        learning_rate=0.1,
+        steps_per_loop=100,
+        checkpoint_interval=None,
+        progress=False,
+        mixed_precision="mixed_float16",
+    )
+    scales = [logs["loss_scale"] for logs in task.seen.column("logs")]
+    assert scales == [2.0**15, 2.0**15, 2.0**14, 2.0**14]
+    assert task.seen.column("iterations") == [1, 2, 2, 3]
+    moved = [float(w[0].item()) for w in task.seen.column("weights")]
+    assert moved == pytest.approx([-0.1, -0.2, -0.2, -0.3], rel=1e-6)
 
 
 class BigLoss(Rec):

@@ -59,6 +59,7 @@ def test_two_replicas_equal_one_device_with_double_batch(tmp_path):
     one, two = _digits(l2=0.01), _digits(l2=0.01)
     _train(one, tmp_path / "one", "one_device")
     _train(two, tmp_path / "two", "mirrored")
+    assert one.recorder.replicas == {1} and two.recorder.replicas == {2}
     assert [s for s, _ in two.recorder.calls] == [1, 2, 3, 4, 5, 6]
     for (s, l1), (_, l2) in zip(one.recorder.calls, two.recorder.calls, strict=True):
         for key in ("loss", "loss/digit", "loss/parity", "grad_norm"):

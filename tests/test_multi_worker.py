@@ -7,6 +7,7 @@ resumes from the chief's checkpoint to the same weights as an uninterrupted run.
 """
 
 import os
+import re
 import signal
 
 import numpy as np
@@ -32,6 +33,11 @@ def test_two_workers_train_like_two_mirrored_replicas(uninterrupted, tmp_path):
     command = [*faults.command(single, replicas=2, steps=STEPS), "--mode=train_and_eval"]
     result = faults.run(command, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
+    # Both runs really had two replicas: one per worker (the chief says so), two in one process.
+    assert faults.replicas_in(result.stdout) == [2]
+    text = launching.output(uninterrupted)
+    assert faults.replicas_in(text) == [2]
+    assert re.search(r"^\[worker 0\] orbitask: \w+Strategy, 2 replicas \(", text, re.M)
     model = uninterrupted / "model"
     assert launching.latest_step(model) == STEPS
     workers, mirrored = faults.final_state(model), faults.final_state(single)
@@ -44,7 +50,6 @@ def test_two_workers_train_like_two_mirrored_replicas(uninterrupted, tmp_path):
         assert list(chief) == [STEPS] and chief[STEPS] == pytest.approx(one[STEPS], rel=1e-5)
 
     # Both workers trained; only the chief's files remain, and the non-chief's temp folder is gone.
-    text = launching.output(uninterrupted)
     assert f"[worker 0] step {STEPS}: loss" in text and f"[worker 1] step {STEPS}: loss" in text
     assert (model / "operative_config.gin").is_file() and (model / "train").is_dir()
     assert (model / f"ckpt-{STEPS}.index").is_file()
@@ -70,6 +75,7 @@ def test_killed_worker_restarts_the_job_which_resumes_exactly(uninterrupted, tmp
     assert "worker 1 exited with status 137; stopping the job" in text
     assert "restarting the job from its last checkpoint (1/1)" in text
     assert "[worker 1] orbitask: resumed from" in text  # non-chief restored the chief's checkpoint
+    assert faults.replicas_in(text) == [2, 2]  # both runs of the job, on two replicas
     assert launching.latest_step(model) == STEPS
     faults.assert_identical(faults.final_state(model), faults.final_state(uninterrupted / "model"))
     # The killed worker's temp checkpoint folder (no exit handlers ran) was emptied by the

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from orbitask.trainers import NanGuard, NonFiniteLossError, run_experiment
-from tests.helpers import Recorder, TinyTask, checkpoint_weights
+from tests.helpers import LinearTask, Recorder, StepRecorder, TinyTask, checkpoint_weights, nan_rows
 
 B = 8
 
@@ -32,6 +32,7 @@ class NanAt(TinyTask):
     def _grab(self, task, ctx):
         self.weights[ctx.step] = [np.array(v) for v in ctx.model.weights]
         self.weights[ctx.step].append(int(ctx.optimizer.iterations.numpy()))
+        self.replicas = ctx.strategy.num_replicas_in_sync
 
 
 def _run(task, model_dir, guard, steps, strategy="one_device"):
@@ -105,4 +106,47 @@ def test_guard_settings_are_checked():
 def test_guard_under_two_replicas(tmp_path, strategy):
     task = NanAt(bad_steps=[3])
     _run(task, tmp_path, NanGuard(patience=3), 4, strategy=strategy)
+    assert task.replicas == 2
     assert task.weights[3][-1] == task.weights[2][-1]
+
+
+@pytest.mark.parametrize("strategy,replicas", [("one_device", 1), ("mirrored", 2)])
+@pytest.mark.parametrize("guarded", [False, True], ids=["seed_default", "nan_guard"])
+def test_default_applies_the_finite_gradients_the_guard_applies_nothing(
+    tmp_path, strategy, replicas, guarded
+):
+    """Step 3's loss and w[1]'s gradient are NaN (only on the second replica under mirrored);
+    w[0]'s gradient is exactly 1 (LinearTask, SGD, rate 0.1). The seed's default takes the step
+    with the NaN zeroed: w[0] moves by the rate, w[1] stays. The guard skips it: nothing moves
+    and the optimizer does not count it."""
+
+    class Linear(LinearTask):
+        def every_steps(self):
+            return {1: self.seen}
+
+    task = Linear(nan_rows(B * 5, slice(2 * B + B // 2, 3 * B)))
+    task.seen = StepRecorder()
+    logs = run_experiment(
+        task,
+        str(tmp_path),
+        mode="train",
+        train_steps=4,
+        global_batch_size=B,
+        learning_rate=0.1,
+        steps_per_loop=1,
+        checkpoint_interval=None,
+        strategy=strategy,
+        progress=False,
+        nan_guard=NanGuard(patience=3) if guarded else None,
+    )
+    assert task.seen.column("replicas") == [replicas] * 4
+    assert np.isnan(task.seen.steps[3]["logs"]["loss"])
+    moved = np.array([w[0][:, 0] for w in task.seen.column("weights")])
+    if guarded:
+        assert task.seen.column("iterations") == [1, 2, 2, 3]
+        expected = [[-0.1, -0.1], [-0.2, -0.2], [-0.2, -0.2], [-0.3, -0.3]]
+        assert logs["train"]["nonfinite_steps"] == 1
+    else:
+        assert task.seen.column("iterations") == [1, 2, 3, 4]
+        expected = [[-0.1, -0.1], [-0.2, -0.2], [-0.3, -0.2], [-0.4, -0.3]]
+    np.testing.assert_allclose(moved, expected, rtol=1e-6)

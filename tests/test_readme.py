@@ -13,7 +13,9 @@ Every fenced code block of a document, by its language:
 Everything runs in a fresh temporary folder (relative paths such as runs/... land there).
 Skipped: the two set-up blocks after `<!-- main-command -->` and `<!-- test-command -->` (CI runs
 the test command itself), a block right after `<!-- not-run: REASON -->`, and shell blocks that
-start processes on a cluster (`orbitask launch`, TF_CONFIG).
+start processes on a cluster (`orbitask launch`, TF_CONFIG). The main command's training run
+(its part after the venv set-up) does run, and must print the lines of the ```text block after
+it, in form (`matches_expected`), with an eval accuracy of at least 0.9.
 
 `python tests/test_readme.py BLOCKS.json` is the per-document runner the test starts.
 """
@@ -109,6 +111,70 @@ def test_setup_commands_are_intact():
         assert marker in found, f"README.md lost its {marker} block"
         assert found[marker]["language"] == "bash"
         assert found[marker]["code"].strip() == command
+
+
+def main_command_and_expected_output(readme: str) -> tuple[str, list[str]]:
+    """The README's main command, as run after set-up (the part after the last `&&`, with
+    `orbitask` from PATH), and the lines of the first ```text block after it: what it prints
+    at its end. Read from the README each time, so the test follows its wording."""
+    after = readme.split("<!-- main-command -->", 1)[1]
+    command = re.search(r"^```bash\s*\n(.*?)^```", after, re.S | re.M)
+    expected = re.search(r"^```text\s*\n(.*?)^```", after, re.S | re.M)
+    assert command and expected, "README.md: no bash block and ```text block after main-command"
+    run = command.group(1).strip().split("&&")[-1].strip()
+    return run.removeprefix(".venv/bin/"), [x for x in expected.group(1).splitlines() if x]
+
+
+def matches_expected(expected: str, printed: str) -> bool:
+    """Whether a printed line has the form of an expected one: each decimal number of `expected`
+    stands for any number with at most as many significant digits (the binary prints `.4g`,
+    which drops trailing zeros); everything else (words, the step, paths) must be as written."""
+    parts, digits, pos = [], [], 0
+    for number in re.finditer(r"\d+\.\d+", expected):
+        parts += [re.escape(expected[pos : number.start()]), r"(\d+(?:\.\d+)?)(?:e[-+]\d+)?"]
+        digits.append(_significant(number.group()))
+        pos = number.end()
+    match = re.fullmatch("".join([*parts, re.escape(expected[pos:])]), printed)
+    return bool(match) and all(
+        _significant(g) <= n for g, n in zip(match.groups(), digits, strict=True)
+    )
+
+
+def _significant(number: str) -> int:
+    return len(number.replace(".", "").lstrip("0"))
+
+
+def test_matches_expected_keeps_the_number_format():
+    line = "eval at step 1000: accuracy 0.9721, loss 0.09554"
+    assert matches_expected(line, "eval at step 1000: accuracy 0.9512, loss 0.1234")
+    assert matches_expected(line, "eval at step 1000: accuracy 0.97, loss 1.2e-05")
+    assert not matches_expected(line, "eval at step 1000: accuracy 0.951253, loss 0.1234")
+    assert not matches_expected(line, "eval at step 999: accuracy 0.9512, loss 0.1234")
+    assert not matches_expected(line, "eval at step 1000: accuracy nan, loss 0.1234")
+    assert not matches_expected(line, "eval at step 1000: loss 0.1234, accuracy 0.9512")
+
+
+def test_main_command_prints_what_the_readme_shows(tmp_path):
+    """The main command (the digits experiment, ~10 s) prints the README's expected lines, in
+    order and in form, with an accuracy of at least 0.9."""
+    command, expected = main_command_and_expected_output((REPO / "README.md").read_text())
+    assert command.startswith("orbitask "), command
+    result = _run(["bash", "-e", "-c", command], tmp_path)
+    _check(result, f"the main command `{command}`")
+    printed = [line.strip() for line in result.stdout.splitlines()]
+    position = 0
+    for line in expected:
+        found = [
+            i
+            for i, out in enumerate(printed[position:], position)
+            if matches_expected(line.strip(), out)
+        ]
+        assert found, f"no line like {line!r} after line {position} of:\n{result.stdout[-2000:]}"
+        position = found[0] + 1
+        accuracy = re.search(r"accuracy (\d+\.\d+)", printed[found[0]])
+        if accuracy:
+            assert float(accuracy.group(1)) >= 0.9, printed[found[0]]
+    assert any("accuracy" in line for line in expected), "the README shows no eval line"
 
 
 def test_every_block_has_a_known_language():

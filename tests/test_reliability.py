@@ -16,19 +16,23 @@ STEPS = 600
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_kill_9_then_restart_gives_bit_identical_weights(tmp_path, replicas):
     reference = tmp_path / "uninterrupted"
+    # Each run's start line says how many replicas it really had.
     done = faults.run(faults.command(reference, replicas, STEPS))
     assert done.returncode == 0, done.stderr[-2000:]
+    assert faults.replicas_in(done.stdout) == [replicas]
 
     model_dir = tmp_path / "killed"
     cmd = faults.command(model_dir, replicas, STEPS)
     rng = random.Random(replicas)
-    killed = faults.kill_at_random(cmd, model_dir, rng)
+    killed, output = faults.kill_after_line(cmd, rng)
     assert killed.returncode == -signal.SIGKILL
+    assert faults.replicas_in(output) == [replicas]
     stopped_at = tf.train.latest_checkpoint(str(model_dir))
     assert not stopped_at.endswith(f"-{STEPS}"), "the kill came too late to test anything"
 
     resumed = faults.run(cmd)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert faults.replicas_in(resumed.stdout) == [replicas]
     assert tf.train.latest_checkpoint(str(model_dir)).endswith(f"-{STEPS}")
     faults.assert_identical(faults.final_state(reference), faults.final_state(model_dir))
 
@@ -75,8 +79,7 @@ def test_sigterm_saves_exits_75_and_resumes_exactly(tmp_path):
 
     model_dir = tmp_path / "preempted"
     cmd = faults.command(model_dir, 1, STEPS)
-    proc = faults.kill_at_random(cmd, model_dir, random.Random(3), sig=signal.SIGTERM)
-    output = proc.stdout.read()
+    proc, output = faults.kill_after_line(cmd, random.Random(3), sig=signal.SIGTERM)
     assert proc.returncode == 75, output[-2000:]
     assert "SIGTERM received: saved checkpoint" in output
     step = int(tf.train.latest_checkpoint(str(model_dir)).rsplit("-", 1)[1])

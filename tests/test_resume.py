@@ -57,6 +57,8 @@ def test_stop_and_restart_continues_from_step_k(tmp_path, flavour, strategy):
     resumed = _run(tmp_path / "split", flavour, 12, strategy)
 
     assert [s for s, _ in resumed.recorder.calls] == list(range(6, 13))
+    replicas = 2 if strategy == "mirrored" else 1
+    assert full.recorder.replicas == resumed.recorder.replicas == {replicas}
     # Same losses after the restart as without one: same data position, weights, slots, lr.
     for (s1, l1), (s2, l2) in zip(full.recorder.calls[5:], resumed.recorder.calls, strict=True):
         assert s1 == s2

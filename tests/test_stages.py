@@ -8,7 +8,7 @@ import tf_keras
 
 from orbitask.tasks import Task
 from orbitask.trainers import run_experiment
-from tests.helpers import Recorder, TinyTask, checkpoint_weights
+from tests.helpers import LinearTask, Recorder, StepRecorder, TinyTask, checkpoint_weights, nan_rows
 
 
 def test_update_pre_zeroes_nan_then_clips_global_norm_at_10():
@@ -129,3 +129,31 @@ def test_nan_gradients_are_zeroed_and_the_step_is_taken(tmp_path):
     assert np.isfinite(task.recorder.calls[1][1]["loss"])
     for value in checkpoint_weights(TinyTask(l2=0.0), tmp_path):
         assert np.all(np.isfinite(value))
+
+
+def test_nan_gradients_are_zeroed_and_the_rest_of_the_step_is_applied(tmp_path):
+    """Step 2's loss and w[1]'s gradient are NaN, w[0]'s gradient is exactly 1 (SGD, rate 0.1):
+    the step is taken (the optimizer counts it) and moves w[0] by the rate, w[1] not at all."""
+
+    class Linear(LinearTask):
+        def every_steps(self):
+            return {1: self.seen}
+
+    task = Linear(nan_rows(24, slice(8, 16)))
+    task.seen = StepRecorder()
+    run_experiment(
+        task,
+        str(tmp_path),
+        mode="train",
+        train_steps=3,
+        global_batch_size=8,
+        learning_rate=0.1,
+        steps_per_loop=1,
+        checkpoint_interval=None,
+        progress=False,
+        strategy="one_device",
+    )
+    assert np.isnan(task.seen.steps[2]["logs"]["loss"])
+    assert task.seen.column("iterations") == [1, 2, 3]
+    moved = np.array([w[0][:, 0] for w in task.seen.column("weights")])
+    np.testing.assert_allclose(moved, [[-0.1, -0.1], [-0.2, -0.1], [-0.3, -0.2]], rtol=1e-6)

@@ -54,6 +54,18 @@ def test_train_and_eval_summaries_have_the_expected_tags(tmp_path):
     assert "class_0" in _tags(tmp_path / "eval" / "per_class")
 
 
+class CountingDigits(DigitsClassification):
+    """Keeps the replica count of each input it is asked for: `replicas[training]`."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.replicas = {}
+
+    def build_inputs(self, per_replica_batch_size, input_context=None, training=True):
+        self.replicas[training] = input_context.num_replicas_in_sync
+        return super().build_inputs(per_replica_batch_size, input_context, training)
+
+
 @pytest.mark.parametrize("flavour_metric", ["keras"])
 def test_two_replica_eval_equals_one_device(tmp_path, flavour_metric):
     """Validation set of 359 examples: partial last batches, uneven across replicas."""
@@ -70,9 +82,9 @@ def test_two_replica_eval_equals_one_device(tmp_path, flavour_metric):
             strategy=strategy,
             progress=False,
         )
-    for strategy in ("one_device", "mirrored"):
+    for strategy, replicas in (("one_device", 1), ("mirrored", 2)):
         # Evaluate the same weights (the one-device run's) under both strategies.
-        task = DigitsClassification(hidden_units=(16,))
+        task = CountingDigits(hidden_units=(16,))
         logs[strategy] = run_experiment(
             task,
             str(tmp_path / "one_device"),
@@ -82,6 +94,7 @@ def test_two_replica_eval_equals_one_device(tmp_path, flavour_metric):
             strategy=strategy,
             progress=False,
         )["eval"]
+        assert task.replicas[False] == replicas
     one, two = logs["one_device"], logs["mirrored"]
     assert one["accuracy"] == pytest.approx(two["accuracy"], abs=1e-7)
     np.testing.assert_allclose(one["loss"], two["loss"], rtol=1e-5)
