@@ -105,9 +105,16 @@ def check_inputs(
                 f"is {per_replica_batch_size} (global_batch_size {global_batch_size} / "
                 f"{replicas} replicas); batch with the per_replica_batch_size argument."
             )
-    if kind.train_step is not Task.train_step or not training:
-        return
-    batch = _zeros(element_spec, per_replica_batch_size)
+    if kind.train_step is Task.train_step and training:
+        _check_forward(task, element_spec, (model, loss_fn, lr), per_replica_batch_size, where)
+
+
+def _check_forward(task: Any, element_spec: Any, objects: tuple, batch_size: int, where: str):
+    """A batch of zeros of `element_spec` through `input_pre`, the model, `loss_pre` and the loss,
+    eagerly; the loss must be per-example losses or their sum."""
+    model, loss_fn, lr = objects
+    name = type(task).__name__
+    batch = _zeros(element_spec, batch_size)
 
     def replica_loss(outputs):  # where the step computes it: in replica context
         return loss_fn(task.loss_pre(outputs, batch, model, lr))
@@ -118,20 +125,16 @@ def check_inputs(
         strategy = tf.distribute.get_strategy()
         loss = strategy.experimental_local_results(strategy.run(replica_loss, args=(outputs,)))[0]
     except Exception as e:  # noqa: BLE001 -- any failure here is a data/model mismatch
-        text = one_line(e, 400)
         raise ConfigError(
-            f"a batch from {kind.__name__}.{where} ({received}) does not fit the model and "
-            f"loss: {type(e).__name__}: {text}"
+            f"a batch from {name}.{where} ({_describe(element_spec)}) does not fit the model and "
+            f"loss: {type(e).__name__}: {one_line(e, 400)}"
         ) from e
     shape = getattr(loss, "shape", None)
-    per_example = (
-        shape is not None and shape.rank == 1 and shape[0] in (None, per_replica_batch_size)
-    )
+    per_example = shape is not None and shape.rank == 1 and shape[0] in (None, batch_size)
     if shape is not None and shape.rank not in (0, None) and not per_example:
         raise ConfigError(
-            f"{kind.__name__}'s loss must return per-example losses (shape [batch], here "
-            f"[{per_replica_batch_size}]) or their sum (a scalar); it returned shape "
-            f"{list(shape)}. Fix build_losses."
+            f"{name}'s loss must return per-example losses (shape [batch], here [{batch_size}]) "
+            f"or their sum (a scalar); it returned shape {list(shape)}. Fix build_losses."
         )
 
 
