@@ -158,7 +158,7 @@ class ExperimentRunner:
             self.strategy,
             loop.global_batch_size,
             loop.gradient_accumulation_steps,
-            (self.model, self.loss_fn, self.lr, self.optimizer),
+            (self.model, self.loss_fn, self.lr, self.optimizer, self.train_metrics),
         )
 
     def _build_summaries(self) -> None:

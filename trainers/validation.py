@@ -182,22 +182,84 @@ def checked_train_iterator(
     slots. Eager; returns the iterator.
 
     Args:
-      objects: `(model, loss_fn, lr, optimizer)`.
+      objects: `(model, loss_fn, lr, optimizer, train_metrics)`.
 
     Raises:
       ConfigError: naming what does not fit.
     """
-    model, loss_fn, lr, optimizer = objects
+    model, loss_fn, lr, optimizer, metrics = objects
     replicas = strategy.num_replicas_in_sync
     check_built_in_scope(task, model, strategy)
     iterator = inputs.train_iterator(task, strategy, global_batch_size, accumulation)
     check_checkpointable_input(task, iterator)
     spec, per_replica = iterator.element_spec, global_batch_size // replicas
     check_inputs(task, spec, model, loss_fn, lr, per_replica, global_batch_size, replicas)
+    if _weightless(model) and type(task).train_step is not _task_class().train_step:
+        step = (model, optimizer, metrics, loss_fn, lr, global_batch_size)
+        _build_weights_with_a_dry_step(task, strategy, spec, per_replica, step)
     # After check_inputs, which calls the model once: a Keras model without an Input layer only
     # has weights from then on, and the optimizer must be built with them.
     keras_compat.build_optimizer_slots(optimizer, trainable_variables(task, model), model)
     return iterator
+
+
+def _task_class():
+    from orbitask.tasks import Task
+
+    return Task
+
+
+def _weightless(model: Any) -> bool:
+    models = model.values() if isinstance(model, dict) else [model]
+    return not any(m.trainable_variables for m in models)
+
+
+class _NoUpdate:
+    """Stands in for an optimizer during a dry step: updates are skipped, the rest is its own."""
+
+    def __init__(self, optimizer: Any):
+        self._optimizer = optimizer
+
+    def apply_gradients(self, *args, **kwargs) -> None:
+        del args, kwargs
+
+    apply = minimize = apply_gradients
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._optimizer, name)
+
+
+def _build_weights_with_a_dry_step(task, strategy, spec, batch_size, step_objects):
+    """Builds the weights of a model without an `Input` layer for a task whose `train_step` is
+    its own: one eager step on a batch of zeros, on every replica, with the optimizer's updates
+    skipped (the trainer resets metrics before each loop; the default step builds the weights in
+    `check_inputs`)."""
+    model, optimizer, metrics, loss_fn, lr, global_batch_size = step_objects
+    stand_in = (
+        {k: _NoUpdate(v) for k, v in optimizer.items()}
+        if isinstance(optimizer, dict)
+        else _NoUpdate(optimizer)
+    )
+
+    def dry_step(batch):
+        return task.train_step(
+            batch,
+            model,
+            stand_in,
+            metrics,
+            loss_fn=loss_fn,
+            lr=lr,
+            global_batch_size=global_batch_size,
+        )
+
+    try:
+        strategy.run(dry_step, args=(_zeros(spec, batch_size),))
+    except Exception as e:
+        e.add_note(
+            "orbitask: raised by one dry train_step on a batch of zeros, which builds the weights "
+            "of a model without an Input layer (give it one to skip this)."
+        )
+        raise
 
 
 def trainable_variables(task: Any, model: Any) -> list:
