@@ -22,16 +22,14 @@ from orbitask.trainers.triggers import Trigger
 class CallbackAction:
     """An Orbit action calling the task's host callbacks after the steps they are due at.
 
-    When each callback is due is a `triggers.Trigger`: one per `every_steps` period (with the
-    runner's `extra_every` callbacks of that period after the task's), the runner's own
-    `triggered` pairs, and the `at_step` table's steps.
+    When each callback is due is a `triggers.Trigger`: one per `every_steps` period, the runner's
+    own `triggered` pairs, and the `at_step` table's steps.
 
     Args:
       task: the Task whose `every_steps()` / `at_step()` tables are run.
       global_step: the trainer's step variable.
       make_context: `make_context(step, logs) -> tasks.CallbackContext`.
       summary_writer: callbacks run with it as the default writer, the step set, recording on.
-      extra_every: `{N: [callbacks]}` the runner adds, run after the task's every N steps.
       history: `history() -> (first_step, {name: per-step values})` of the last device loop, or
         None when the trainer records none; then deferred callbacks end loops like the others.
       current_step: `current_step() -> int`, the step the last loop ended at, to save reading
@@ -48,7 +46,6 @@ class CallbackAction:
         global_step: tf.Variable,
         make_context: Callable,
         summary_writer,
-        extra_every: dict | None = None,
         history: Callable[[], tuple[int, dict]] | None = None,
         current_step: Callable[[], int] | None = None,
         *,
@@ -61,8 +58,6 @@ class CallbackAction:
         self.history = history
         self.current_step = current_step or (lambda: int(global_step.numpy()))
         self.every = callbacks_lib.as_callback_lists(task.every_steps(), "every_steps")
-        for n, fns in (extra_every or {}).items():  # built-in periodic work, after the task's
-            self.every[n] = self.every.get(n, []) + list(fns)
         self.at = callbacks_lib.as_callback_lists(task.at_step(), "at_step")
         self.triggered = [(trigger, list(fns)) for trigger, fns in triggered]
         # (trigger, callbacks) in call order; the at_step table follows them.

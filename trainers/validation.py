@@ -14,6 +14,7 @@ from typing import Any
 import tensorflow as tf
 
 from orbitask.tasks import keras_compat
+from orbitask.tasks.base import Task
 from orbitask.tasks.errors import one_line
 from orbitask.trainers import inputs
 from orbitask.trainers.errors import ConfigError
@@ -72,8 +73,6 @@ def check_inputs(
     default `train_step` a batch of zeros of that spec must go through `input_pre`, the model,
     `loss_pre` and the loss eagerly, the loss being per-example losses or their sum.
     """
-    from orbitask.tasks import Task
-
     where = "build_inputs" + ("" if training else " (training=False)")
     kind = type(task)
     step = (
@@ -141,8 +140,6 @@ def _check_forward(task: Any, element_spec: Any, objects: tuple, batch_size: int
 def needs_losses(task: Any, training: bool, evaluating: bool) -> bool:
     """Whether the run needs `task.build_losses()`: not when every step it runs is the task's own
     and the task does not define it. Eager; returns the answer."""
-    from orbitask.tasks import Task
-
     kind = type(task)
     own_steps = (not training or kind.train_step is not Task.train_step) and (
         not evaluating or kind.validation_step is not Task.validation_step
@@ -194,19 +191,13 @@ def checked_train_iterator(
     check_checkpointable_input(task, iterator)
     spec, per_replica = iterator.element_spec, global_batch_size // replicas
     check_inputs(task, spec, model, loss_fn, lr, per_replica, global_batch_size, replicas)
-    if _weightless(model) and type(task).train_step is not _task_class().train_step:
+    if _weightless(model) and type(task).train_step is not Task.train_step:
         step = (model, optimizer, metrics, loss_fn, lr, global_batch_size)
         _build_weights_with_a_dry_step(task, strategy, spec, per_replica, step)
     # After check_inputs, which calls the model once: a Keras model without an Input layer only
     # has weights from then on, and the optimizer must be built with them.
     keras_compat.build_optimizer_slots(optimizer, trainable_variables(task, model), model)
     return iterator
-
-
-def _task_class():
-    from orbitask.tasks import Task
-
-    return Task
 
 
 def _weightless(model: Any) -> bool:
