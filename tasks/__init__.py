@@ -12,6 +12,7 @@ __all__, __getattr__, __dir__ = exports(
         "DigitsCNN": "orbitask.tasks.digits_cnn",
         "DigitsGAN": "orbitask.tasks.digits_gan",
         "DigitsParity": "orbitask.tasks.digits_parity",
+        "IndexedInput": "orbitask.tasks.indexed_input",
         "MultiTask": "orbitask.tasks.multi_task",
         "print_loss": "orbitask.tasks.callbacks",
         "print_step": "orbitask.tasks.callbacks",

@@ -9,6 +9,7 @@ import tensorflow as tf
 from sklearn.datasets import load_digits
 
 from orbitask.tasks.base import Task
+from orbitask.tasks.indexed_input import IndexedInput
 
 
 def digits_split(validation_fraction: float = 0.2, seed: int = 0):
@@ -38,7 +39,9 @@ class DigitsClassification(Task):
     Args:
       hidden_units: widths of the hidden ReLU layers.
       l2: L2 regularisation of the hidden kernels (lands in `model.losses`).
-      shuffle_buffer: training shuffle buffer (the whole train split by default).
+      shuffle_buffer: None (default) reads the training examples in a global shuffle by index
+        (`orbitask.IndexedInput`: a saved position of a few bytes, resumable on any number of
+        workers); a number uses a `tf.data` shuffle buffer of that size instead.
       seed: seed of the split and the shuffle.
 
     The seed's defaults (clip_norm, optimizer_epsilon, ...) are bound on `orbitask.Task`.
@@ -50,7 +53,7 @@ class DigitsClassification(Task):
         self,
         hidden_units: tuple = (128, 64),
         l2: float = 0.0,
-        shuffle_buffer: int = 2048,
+        shuffle_buffer: int | None = None,
         seed: int = 0,
     ):
         super().__init__()
@@ -62,6 +65,8 @@ class DigitsClassification(Task):
 
     def build_inputs(self, per_replica_batch_size, input_context=None, training=True):
         x, y = self._train if training else self._val
+        if training and self.shuffle_buffer is None:
+            return IndexedInput.from_tensors((x, y), per_replica_batch_size, seed=self.seed)
         ds = tf.data.Dataset.from_tensor_slices((x, y))
         if input_context and input_context.num_input_pipelines > 1:
             ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)

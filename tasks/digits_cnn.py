@@ -19,7 +19,7 @@ class DigitsCNN(DigitsClassification):
       filters: output channels of the 3x3 ReLU convolutions (a 2x2 max-pool follows the first).
       dense_units: width of the hidden dense layer after the convolutions.
       l2: L2 regularisation of the convolution and dense kernels (lands in `model.losses`).
-      shuffle_buffer: training shuffle buffer (the whole train split by default).
+      shuffle_buffer: None: a global shuffle by index; a number: a `tf.data` shuffle buffer.
       seed: seed of the split and the shuffle.
     """
 
@@ -28,7 +28,7 @@ class DigitsCNN(DigitsClassification):
         filters: tuple = (32, 64),
         dense_units: int = 64,
         l2: float = 0.0,
-        shuffle_buffer: int = 2048,
+        shuffle_buffer: int | None = None,
         seed: int = 0,
     ):
         super().__init__(hidden_units=(), l2=l2, shuffle_buffer=shuffle_buffer, seed=seed)

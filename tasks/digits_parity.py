@@ -18,7 +18,7 @@ class DigitsParity(DigitsClassification):
     Args:
       hidden_units: widths of the hidden ReLU layers.
       l2: L2 regularisation of the hidden kernels (lands in `model.losses`).
-      shuffle_buffer: training shuffle buffer (the whole train split by default).
+      shuffle_buffer: None: a global shuffle by index; a number: a `tf.data` shuffle buffer.
       seed: seed of the split and the shuffle.
     """
 
@@ -28,7 +28,7 @@ class DigitsParity(DigitsClassification):
         self,
         hidden_units: tuple = (128, 64),
         l2: float = 0.0,
-        shuffle_buffer: int = 2048,
+        shuffle_buffer: int | None = None,
         seed: int = 0,
     ):
         super().__init__(hidden_units=hidden_units, l2=l2, shuffle_buffer=shuffle_buffer, seed=seed)

@@ -33,6 +33,7 @@ import tf_keras
 from orbitask.tasks import keras_compat
 from orbitask.tasks.base import Task
 from orbitask.tasks.errors import ConfigError
+from orbitask.tasks.indexed_input import IndexedInput
 
 SHARING = ("shared", "trunk", "separate")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -157,14 +158,16 @@ class MultiTask(Task):
     def build_inputs(self, per_replica_batch_size, input_context=None, training=True):
         """Returns a dataset of `{task: batch}`. Eager, once.
 
-        Training zips the tasks' (repeating) datasets. Validation zips the validated tasks'
-        datasets to the longest: a task that has run out gives empty batches, so every task's
-        whole validation set is evaluated.
+        Training zips the tasks' (repeating) datasets (an `IndexedInput` as its `as_dataset`).
+        Validation zips the validated tasks' datasets to the longest: a task that has run out
+        gives empty batches, so every task's whole validation set is evaluated.
         """
         datasets = {}
         for name in self.names if training else self.validation_names:
             task = self.tasks[name]
             dataset = task.build_inputs(per_replica_batch_size, input_context, training=training)
+            if isinstance(dataset, IndexedInput):
+                dataset = dataset.as_dataset(input_context)
             datasets[name] = task.make_batches(dataset, per_replica_batch_size)
         if training:
             return tf.data.Dataset.zip(datasets)

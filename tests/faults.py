@@ -121,9 +121,10 @@ def final_state(model_dir) -> dict[str, np.ndarray]:
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(model_dir)))
     out = {}
     for name, dtype in reader.get_variable_to_dtype_map().items():
-        # save_counter counts saves (a SIGTERM adds one), not training state.
+        # save_counter counts saves (a SIGTERM adds one), not training state; the input
+        # position's record (a string) follows from the step and the cluster's shape.
         bookkeeping = ("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter/.ATTRIBUTES/VARIABLE_VALUE")
-        if dtype != tf.variant and name not in bookkeeping:
+        if dtype not in (tf.variant, tf.string) and name not in bookkeeping:
             out[name] = reader.get_tensor(name)
     return out
 

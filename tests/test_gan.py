@@ -43,7 +43,7 @@ def _run(model_dir, steps, strategy="mirrored"):
 
 def _state(model_dir):
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(model_dir)))
-    names = sorted(n for n in reader.get_variable_to_shape_map() if "train_iterator" not in n)
+    names = sorted(n for n in reader.get_variable_to_shape_map() if "py_state" not in n)
     return {n: reader.get_tensor(n) for n in names if n != "_CHECKPOINTABLE_OBJECT_GRAPH"}
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from orbitask.tasks import Task, keras_compat
+from orbitask.tasks import IndexedInput, Task, keras_compat
 from orbitask.trainers import train
 from orbitask.trainers.errors import ConfigError
 
@@ -68,7 +68,10 @@ def test_experiment_parses_and_its_task_builds(path):
     keras_compat.check_matching(model, optimizer)
     lr = tf.Variable(1e-3)
     for training in (True, False):
-        dataset = task.make_batches(task.build_inputs(8, training=training), 8)
+        dataset = task.build_inputs(8, training=training)
+        if isinstance(dataset, IndexedInput):
+            dataset = dataset.as_dataset()
+        dataset = task.make_batches(dataset, 8)
         assert isinstance(dataset, tf.data.Dataset)
         batch = next(iter(dataset))
         if isinstance(model, dict):  # several models: only the task's own step calls them

@@ -1,9 +1,11 @@
 """`multi_worker_mirrored` through the local launcher: the real binary, 2 worker processes on CPU.
 
 Two workers x one replica train and evaluate like one process with two mirrored replicas and the
-same global batch (every worker reads the same input stream and keeps its replica's batches); only
-the chief keeps checkpoints, summaries and config; after a worker is killed, the restarted job
-resumes from the chief's checkpoint to the same weights as an uninterrupted run.
+same global batch (the digits input is an `IndexedInput`: replica r gets the r-th slice of each
+global batch wherever it runs); only the chief keeps checkpoints, summaries and config; after a
+worker is killed, the restarted job resumes from the chief's checkpoint to the same weights as an
+uninterrupted run, and after both are killed one process carries on. With a `tf.data` shuffle
+input each worker reads its own shard and saves its own position in the model directory.
 """
 
 import os
@@ -16,16 +18,26 @@ import pytest
 from tests import faults, launching
 
 STEPS = 300  # ~4 s of training at ~70 steps/s: room to kill a worker after the first checkpoint
+BUFFERED = ["orbitask.DigitsClassification.shuffle_buffer=256"]  # a tf.data shuffle input
+
+
+def _uninterrupted(tmp, extra=()):
+    flags = launching.train_flags(tmp / "model", STEPS, extra, mode="train_and_eval")
+    status, text = launching.run(["--workers", "2"], flags, tmp)
+    assert status == 0, text[-3000:]
+    return tmp
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     """One uninterrupted 2-worker run; returns its folder (model/, tmp/, launch.log)."""
-    tmp = tmp_path_factory.mktemp("mw")
-    flags = launching.train_flags(tmp / "model", STEPS, mode="train_and_eval")
-    status, text = launching.run(["--workers", "2"], flags, tmp)
-    assert status == 0, text[-3000:]
-    return tmp
+    return _uninterrupted(tmp_path_factory.mktemp("mw"))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_buffered(tmp_path_factory):
+    """The same with a tf.data shuffle input."""
+    return _uninterrupted(tmp_path_factory.mktemp("mw_buffered"), BUFFERED)
 
 
 def test_two_workers_train_like_two_mirrored_replicas(uninterrupted, tmp_path):
@@ -56,12 +68,17 @@ def test_two_workers_train_like_two_mirrored_replicas(uninterrupted, tmp_path):
     assert os.listdir(uninterrupted / "tmp") == []
 
 
-def test_killed_worker_restarts_the_job_which_resumes_exactly(uninterrupted, tmp_path):
+@pytest.mark.parametrize("extra", [(), BUFFERED], ids=["indexed", "tf.data"])
+def test_killed_worker_restarts_the_job_which_resumes_exactly(
+    uninterrupted, uninterrupted_buffered, tmp_path, extra
+):
     """kill -9 of worker 1; the launcher kills worker 0 too (the whole job is dead), then runs
-    the same command again: both workers restore the chief's checkpoint and the job ends at the
-    right step with the uninterrupted run's weights, bit for bit (as on one machine)."""
+    the same command again: both workers restore the chief's checkpoint and their own input
+    position, and the job ends at the right step with the uninterrupted run's weights, bit for
+    bit (as on one machine)."""
+    reference = uninterrupted_buffered if extra else uninterrupted
     model = tmp_path / "model"
-    flags = launching.train_flags(model, STEPS, mode="train_and_eval")
+    flags = launching.train_flags(model, STEPS, extra, mode="train_and_eval")
     proc = launching.start(["--workers", "2", "--max_restarts", "1"], flags, tmp_path)
     try:
         worker = launching.pid_of(tmp_path, "worker 1", proc)
@@ -77,8 +94,40 @@ def test_killed_worker_restarts_the_job_which_resumes_exactly(uninterrupted, tmp
     assert "[worker 1] orbitask: resumed from" in text  # non-chief restored the chief's checkpoint
     assert faults.replicas_in(text) == [2, 2]  # both runs of the job, on two replicas
     assert launching.latest_step(model) == STEPS
-    faults.assert_identical(faults.final_state(model), faults.final_state(uninterrupted / "model"))
+    faults.assert_identical(faults.final_state(model), faults.final_state(reference / "model"))
+    assert "restarts from its beginning" not in text
+    if extra:  # each worker's own iterator, for the newest 3 checkpoints only
+        saved = sorted(os.listdir(model / "input" / f"ckpt-{STEPS}"))
+        assert [n for n in saved if n.endswith(".index")] == [
+            "worker-0-of-2.index",
+            "worker-1-of-2.index",
+        ]
+        assert len(os.listdir(model / "input")) == 3
     # The killed worker's temp checkpoint folder (no exit handlers ran) was emptied by the
     # restarted worker, which removed it at its own exit. (TensorFlow's autograph files of the
     # killed process do stay.)
     assert [n for n in os.listdir(tmp_path / "tmp") if n.startswith("orbitask-")] == []
+
+
+def test_two_killed_workers_resume_on_one_process(uninterrupted, tmp_path):
+    """Both workers killed with SIGKILL after a checkpoint; the job goes on as one process with
+    two replicas and ends with the uninterrupted 2-worker run's weights: the IndexedInput
+    position counts global examples, so none is skipped or repeated."""
+    model = tmp_path / "model"
+    flags = launching.train_flags(model, STEPS, mode="train_and_eval")
+    proc = launching.start(["--workers", "2"], flags, tmp_path)
+    try:
+        faults.wait_for_checkpoint(model, proc, min_step=40)
+    finally:
+        launching.stop(proc)
+    killed_at = launching.latest_step(model)
+    assert killed_at < STEPS
+    command = [*faults.command(model, replicas=2, steps=STEPS), "--mode=train_and_eval"]
+    result = faults.run(command, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"resumed from {model}/ckpt-{killed_at}" in result.stdout
+    assert "restarts from its beginning" not in result.stdout
+    resumed, workers = faults.final_state(model), faults.final_state(uninterrupted / "model")
+    assert resumed.keys() == workers.keys() and resumed
+    for name in resumed:
+        np.testing.assert_allclose(resumed[name], workers[name], rtol=1e-5, atol=1e-6)

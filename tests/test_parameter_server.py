@@ -5,6 +5,7 @@ not lose the job; the job checkpoints, resumes (here on a smaller cluster) and e
 coordinator.
 """
 
+import json
 import os
 import shutil
 import signal
@@ -51,13 +52,16 @@ def test_killing_a_worker_does_not_lose_the_job(killed_worker_run):
 def test_the_job_resumes_from_its_checkpoint_and_evaluates(killed_worker_run, tmp_path):
     model = shutil.copytree(killed_worker_run[0] / "model", tmp_path / "model")
     reader = tf.train.load_checkpoint(str(model / f"ckpt-{STEPS}"))
-    assert not any("train_iterator" in k for k in reader.get_variable_to_dtype_map())
+    # The digits input is an IndexedInput: its position is the count of examples taken (64 a step).
+    position = json.loads(reader.get_tensor("input_position/.ATTRIBUTES/py_state"))
+    assert position["style"] == "indexed" and position["examples"] == 64 * STEPS
     extra = ["orbitask.run_experiment.eval_interval=20"]
     flags = launching.train_flags(model, STEPS + 40, extra, mode="train_and_eval")
     status, text = launching.run(["--workers", "1", "--ps", "1"], flags, tmp_path)
     assert status == 0, text[-3000:]
     assert f"[chief] orbitask: resumed from {model}/ckpt-{STEPS} (step {STEPS})" in text
     assert launching.latest_step(model) == STEPS + 40
+    assert "restarts from its beginning" not in text
     accuracy = launching.eval_scalars(model, "accuracy")
     assert sorted(accuracy) == [STEPS + 20, STEPS + 40]
     assert accuracy[STEPS + 40] > 0.8  # 10 classes; the resumed weights are trained ones

@@ -45,7 +45,7 @@ def _run(model_dir, flavour, steps, strategy):
 
 def _state(model_dir):
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(model_dir)))
-    names = sorted(n for n in reader.get_variable_to_shape_map() if "train_iterator" not in n)
+    names = sorted(reader.get_variable_to_shape_map())
     return {n: reader.get_tensor(n) for n in names}
 
 

@@ -24,7 +24,7 @@ def unreadable_reason(path: str) -> str | None:
     try:
         reader = tf.train.load_checkpoint(path)
         for key, dtype in reader.get_variable_to_dtype_map().items():
-            if dtype != tf.variant:  # input-iterator state: not readable as NumPy
+            if dtype != tf.variant:  # iterator state: not readable as NumPy
                 reader.get_tensor(key)
     except (tf.errors.OpError, ValueError, OSError) as e:
         return one_line(e, 300)
@@ -86,17 +86,17 @@ def build(
     optimizer,
     model,
     loss_fn,
-    train_iterator,
+    train_input,
     stateful_callbacks,
     extra_state,
 ):
-    """Returns the task's checkpoint (plus the input position, the state of stateful callbacks
-    and `extra_state`) and a manager for it. Eager, in the strategy's scope."""
+    """Returns the task's checkpoint (plus the input position `train_input`, the state of
+    stateful callbacks and `extra_state`) and a manager for it. Eager, in the strategy's scope."""
     trackables = dict(step=global_step, lr=lr, optimizer=optimizer, train_model=model)
     trackables["train_loss"] = loss_fn
     checkpoint, manager = task.build_checkpoint(model_dir, **trackables)
-    if isinstance(train_iterator, tf.__internal__.tracking.Trackable):  # not PS per-worker ones
-        checkpoint.train_iterator = train_iterator
+    if train_input is not None:
+        checkpoint.input_position = train_input
     if stateful_callbacks:
         checkpoint.callbacks = tf.train.Checkpoint(**stateful_callbacks)
     for name, value in extra_state.items():

@@ -1,21 +1,18 @@
-"""Input pipelines: a checkpointable train iterator and a distributed eval dataset.
+"""Input pipelines: the training input with its saved position, and the distributed eval dataset.
 
-Training: `build_inputs(per_replica_batch_size, input_context)` is called once per worker and
-`make_batches` applied; each step takes one element per replica from that plain `tf.data`
-iterator (replica r gets the r-th). A `DistributedIterator` cannot be saved; this plain iterator
-can, so a checkpoint holds the exact input position, shuffle buffer included.
+Training: `build_inputs(per_replica_batch_size, input_context)` is called once per worker, with
+an `input_context` naming the worker (`num_input_pipelines` = workers, `input_pipeline_id` = its
+index), and `make_batches` applied; each step takes one element per local replica from that plain
+`tf.data` iterator (local replica r gets the r-th). Each worker reads only its own replicas'
+batches. `trainers.input_position` saves each worker's iterator in its own file, newest few kept.
 
-Multi-worker (`multi_worker_mirrored`): every worker builds the SAME single input pipeline
-(`input_context` says one pipeline), takes all of a step's elements and keeps its own replicas'.
-Every worker's iterator is then in the same state at every step, which is what makes restoring
-"from the chief's checkpoint" exact on every worker: an iterator state holds its shard's
-position and shuffle buffer, so the chief's state restored into a worker sharded differently
-would replay the chief's data. The price: each worker reads the whole global batch.
+`build_inputs` may instead return an `IndexedInput` (`tasks.indexed_input`): the pipeline is then
+built here from a global example number, and the saved position is that number.
 
 Parameter server: each worker builds its own pipeline (`input_pipeline_id` = the worker index,
-a tensor) through `ClusterCoordinator.create_per_worker_dataset`; those iterators cannot be
-saved, so a resumed PS job restarts its input from the beginning (weights, optimizer and step
-are restored).
+a tensor) through `ClusterCoordinator.create_per_worker_dataset`; a `tf.data` iterator there
+cannot be saved, so a resumed PS job restarts such an input from its beginning. An
+`IndexedInput` resumes near its position (workers run at their own pace).
 
 The train iterator is saved explicitly, buffers included; tf.data's symbolic checkpointing (which
 leaves the prefetch buffer out) makes iterating the pipeline slower, so it is not used. An autotuned
@@ -35,37 +32,125 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
+from orbitask.tasks.indexed_input import IndexedInput
 from orbitask.trainers import compat
 from orbitask.trainers.cluster import is_parameter_server, num_ps_workers
 from orbitask.trainers.errors import ConfigError
+from orbitask.trainers.input_position import (
+    IndexedTrainInput,
+    IteratorInput,
+    TrainInput,
+)
+
+
+def _source(task: Any, per_replica: int, context, training: bool):
+    """What `build_inputs` returns: a `tf.data.Dataset` (with `make_batches` applied) or an
+    `IndexedInput`."""
+    dataset = task.build_inputs(per_replica, context, training=training)
+    if isinstance(dataset, IndexedInput):
+        if dataset.batch_size != per_replica:
+            raise ConfigError(
+                f"{type(task).__name__}.build_inputs returned an IndexedInput of batch_size "
+                f"{dataset.batch_size}; pass it per_replica_batch_size ({per_replica})."
+            )
+        return dataset
+    if not isinstance(dataset, tf.data.Dataset):
+        raise ConfigError(
+            f"{type(task).__name__}.build_inputs must return a tf.data.Dataset or an "
+            f"orbitask.IndexedInput; received {type(dataset).__name__}."
+        )
+    return task.make_batches(dataset, per_replica)
 
 
 def _build(task: Any, per_replica: int, context, training: bool) -> tf.data.Dataset:
-    dataset = task.build_inputs(per_replica, context, training=training)
-    if not isinstance(dataset, tf.data.Dataset):
-        raise ConfigError(
-            f"{type(task).__name__}.build_inputs must return a tf.data.Dataset; received "
-            f"{type(dataset).__name__}."
-        )
-    return task.make_batches(dataset, per_replica)
+    source = _source(task, per_replica, context, training)
+    if isinstance(source, IndexedInput):
+        return source.evaluation_dataset(context)
+    return source
+
+
+def local_replicas(strategy: tf.distribute.Strategy) -> int:
+    """This worker's replicas (parameter server: one per scheduled step)."""
+    try:
+        devices = len(strategy.extended.worker_devices)
+    except RuntimeError:  # the default strategy
+        devices = 1
+    return min(devices, strategy.num_replicas_in_sync)
+
+
+def input_pipeline(strategy: tf.distribute.Strategy) -> tuple[int, int, int]:
+    """`(index, pipelines, local replicas)`: this worker's input pipeline, how many workers feed
+    replicas, and its replicas (`multi_worker_mirrored`: one pipeline per worker, the chief
+    first; otherwise one)."""
+    local = local_replicas(strategy)
+    resolver = strategy.cluster_resolver
+    if resolver is None or is_parameter_server(strategy):
+        return 0, 1, local
+    spec = resolver.cluster_spec().as_dict()
+    order = [("chief", i) for i in range(len(spec.get("chief", [])))]
+    order += [("worker", i) for i in range(len(spec.get("worker", [])))]
+    if not order:
+        return 0, 1, local
+    return order.index((resolver.task_type, resolver.task_id)), len(order), local
+
+
+def train_input(
+    task: Any,
+    strategy: tf.distribute.Strategy,
+    global_batch_size: int,
+    accumulation: int,
+    global_step: tf.Variable,
+    model_dir: str,
+    keep: int = 3,
+) -> TrainInput:
+    """This worker's training input and its position (`trainers.input_position`). Eager, in
+    scope."""
+    per_replica = global_batch_size // strategy.num_replicas_in_sync
+    per_step = global_batch_size * accumulation
+    if is_parameter_server(strategy):
+        return _per_worker_input(task, strategy, per_replica, global_step, per_step)
+    index, pipelines, local = input_pipeline(strategy)
+    context = tf.distribute.InputContext(pipelines, index, strategy.num_replicas_in_sync)
+    with tf.device("/cpu:0"):
+        source = _source(task, per_replica, context, training=True)
+    if isinstance(source, IndexedInput):
+
+        def build(start: int):
+            with tf.device("/cpu:0"):
+                return iter(source.training_dataset(start, index, pipelines, local))
+
+        return IndexedTrainInput(global_step, per_step, build, source)
+
+    def rebuild(dataset=None):
+        if dataset is None:
+            with tf.device("/cpu:0"):
+                dataset = _source(task, per_replica, context, training=True)
+        return _train_iterator(task, dataset, per_replica, local * accumulation)
+
+    return IteratorInput(
+        rebuild(source), global_step, per_step, rebuild, model_dir, index, pipelines, keep
+    )
 
 
 def train_iterator(
     task: Any, strategy: tf.distribute.Strategy, global_batch_size: int, accumulation: int = 1
 ):
-    """A plain, checkpointable iterator over the training batches (the same on every worker).
+    """A plain, checkpointable iterator over this worker's training batches (`tf.data` input).
 
-    A step takes `accumulation` elements per replica. Eager, in scope. Under `parameter_server`:
-    one iterator per worker (not checkpointable).
+    A step takes `accumulation` elements per local replica. Eager, in scope.
     """
     per_replica = global_batch_size // strategy.num_replicas_in_sync
-    if is_parameter_server(strategy):
-        return _per_worker_iterator(task, strategy, per_replica)
-    context = tf.distribute.InputContext(1, 0, strategy.num_replicas_in_sync)
+    index, pipelines, local = input_pipeline(strategy)
+    context = tf.distribute.InputContext(pipelines, index, strategy.num_replicas_in_sync)
     with tf.device("/cpu:0"):
         dataset = _build(task, per_replica, context, training=True)
+    return _train_iterator(task, dataset, per_replica, local * accumulation)
+
+
+def _train_iterator(task: Any, dataset: tf.data.Dataset, per_replica: int, per_step: int):
+    """An iterator over `dataset`, its final autotuned prefetch bounded (module docstring)."""
+    with tf.device("/cpu:0"):
         if task.train_prefetch is not None:
-            per_step = strategy.num_replicas_in_sync * accumulation
             wanted = task.train_prefetch * per_step
             size = element_bytes(dataset.element_spec, per_replica)
             depth = prefetch_depth(size, wanted, per_step, task.train_prefetch_bytes)
@@ -178,17 +263,27 @@ def eval_dataset(task: Any, strategy: tf.distribute.Strategy, global_batch_size:
     return strategy.distribute_datasets_from_function(dataset_fn, options)
 
 
-def _per_worker_iterator(task: Any, strategy: tf.distribute.Strategy, per_replica: int):
-    """One plain iterator per PS worker, sharded by worker index; carries `element_spec`."""
+def _per_worker_input(task, strategy, per_replica, global_step, per_step) -> TrainInput:
+    """One iterator per PS worker, sharded by worker index; carries `element_spec`."""
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
     workers = num_ps_workers(strategy)
+    probe = tf.distribute.InputContext(workers, 0, strategy.num_replicas_in_sync)
+    source = _source(task, per_replica, probe, training=True)  # what kind of input it is
 
-    def dataset_fn():
-        index = tf.distribute.coordinator.experimental_get_current_worker_index()
-        context = tf.distribute.InputContext(workers, index, strategy.num_replicas_in_sync)
-        return _build(task, per_replica, context, training=True)
+    def build(start: int = 0):
+        def dataset_fn():
+            index = tf.distribute.coordinator.experimental_get_current_worker_index()
+            context = tf.distribute.InputContext(workers, index, strategy.num_replicas_in_sync)
+            source = _source(task, per_replica, context, training=True)
+            if isinstance(source, IndexedInput):
+                return source.training_dataset(start, index, workers, 1)
+            return source
 
-    dataset = coordinator.create_per_worker_dataset(dataset_fn)
-    iterator = iter(dataset)
-    iterator.element_spec = dataset.element_spec  # for the pre-flight input check
-    return iterator
+        dataset = coordinator.create_per_worker_dataset(dataset_fn)
+        iterator = iter(dataset)
+        iterator.element_spec = dataset.element_spec  # for the pre-flight input check
+        return iterator
+
+    if isinstance(source, IndexedInput):
+        return IndexedTrainInput(global_step, per_step, build, source)
+    return TrainInput(build(), global_step, per_step)

@@ -102,7 +102,7 @@ class ExperimentRunner:
         validation.check_model_dir(self.model_dir)
         with self.strategy.scope():
             self._build_objects()
-            self.train_iterator = self._build_train_input() if self.training else None
+            self.train_input = self._build_train_input() if self.training else None
             self._build_summaries()
             self.callbacks = self._build_callbacks()
             self.checkpoint, self.manager = self._build_checkpoint()
@@ -151,15 +151,19 @@ class ExperimentRunner:
         self.loss_scale = DynamicLossScale() if float16 else None
 
     def _build_train_input(self):
-        """The train iterator, checked against the model and loss before any step."""
-        loop = self.settings.loop
-        return validation.checked_train_iterator(
+        """The train input and its position, checked against the model and loss."""
+        loop, batch = self.settings.loop, self.settings.loop.global_batch_size
+        train_input = inputs.train_input(
             self.task,
             self.strategy,
-            loop.global_batch_size,
+            batch,
             loop.gradient_accumulation_steps,
-            (self.model, self.loss_fn, self.lr, self.optimizer, self.train_metrics),
+            self.global_step,
+            self.model_dir,
+            self.settings.checkpoints.input_positions,
         )
+        objects = (self.model, self.loss_fn, self.lr, self.optimizer, self.train_metrics, batch)
+        return validation.checked_train_input(self.task, self.strategy, train_input, objects)
 
     def _build_summaries(self) -> None:
         model_dir, chief = self.model_dir, self.chief
@@ -210,7 +214,7 @@ class ExperimentRunner:
             self.optimizer,
             self.model,
             self.loss_fn,
-            self.train_iterator,
+            self.train_input,
             self.callbacks.trackables(),
             extra_state,
         )
@@ -253,16 +257,19 @@ class ExperimentRunner:
             jit_compile=loop.jit_compile,
         )
         trainer_cls = ParameterServerTrainer if ps else TaskTrainer
-        return trainer_cls(
+        trainer = trainer_cls(
             objects=objects,
             step=step,
-            train_iterator=self.train_iterator,
+            train_iterator=self.train_input.iterator if self.training else None,
             eval_dataset=self.eval_dataset,
             use_tf_while_loop=loop.use_tf_while_loop,
             nan_guard=self.nan_guard,
             ema=features.ema,
             record_history=self.callbacks.has_deferred and not ps,
         )
+        if self.training:  # a restore may rebuild the input (`trainers.input_position`)
+            self.train_input.on_new_iterator = trainer.set_train_iterator
+        return trainer
 
     def _build_train_actions(self) -> list:
         """The Orbit train actions, in order: callbacks, results, progress, NaN guard, SIGTERM."""

@@ -83,11 +83,15 @@ class CheckpointSettings:
         seconds after the last save (None: no time rule).
       warm_start: an `orbitask.WarmStart` copying model weights from a pretrained checkpoint
         into a fresh run (never the optimizer, step or input position), or None.
+      input_positions: `keep_input_positions`: how many of the newest checkpoints keep a
+        `tf.data` input's position (its iterator state, one file per worker, under
+        `input/`); resuming from an older one restarts the input from its beginning.
     """
 
     interval: int | None = None
     seconds: float | None = 600.0
     warm_start: Any = None
+    input_positions: int = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,6 +184,7 @@ _FLAT = {
             "checkpoint_interval": "interval",
             "checkpoint_seconds": "seconds",
             "warm_start": "warm_start",
+            "keep_input_positions": "input_positions",
         },
     ),
     "evaluation": (
@@ -224,6 +229,7 @@ def check(task: Any, model_dir: Any, mode: str, settings: Settings) -> None:
         "gradient_accumulation_steps",
     ):
         check_positive(name, getattr(loop, name))
+    check_positive("keep_input_positions", settings.checkpoints.input_positions)
     optional = {
         "eval_interval": settings.evaluation.interval,
         "eval_steps": settings.evaluation.steps,

@@ -21,6 +21,7 @@ from typing import Any
 import tensorflow as tf
 
 from orbitask.tasks import keras_compat
+from orbitask.trainers.inputs import local_replicas
 
 
 @dataclasses.dataclass
@@ -41,25 +42,26 @@ class TaskObjects:
 
 
 class ReplicaBatches:
-    """Takes one step's elements from the plain iterator and hands them to the replicas.
+    """Takes one step's elements from this worker's iterator and hands them to its replicas.
 
-    One element per replica (replica r gets the r-th); with gradient accumulation K, K rounds of
-    that, and replica r gets the tuple of its K micro-batches. Multi-worker: every worker reads
-    the same stream, takes all replicas' elements and keeps its own. Traced.
+    One element per local replica (local replica r gets the r-th); with gradient accumulation K,
+    K rounds of that, and a replica gets the tuple of its K micro-batches. Multi-worker: each
+    worker's iterator holds only its own replicas' batches (`trainers.inputs`). Traced.
     """
 
     def __init__(self, strategy: tf.distribute.Strategy, accumulation: int):
         self.strategy = strategy
         self.accumulation = accumulation
+        self.local = local_replicas(strategy)
 
     def __call__(self, iterator):
-        count, k = self.strategy.num_replicas_in_sync, self.accumulation
+        count, k = self.local, self.accumulation
         rounds = [[next(iterator) for _ in range(count)] for _ in range(k)]
         if count == 1:
             return rounds[0][0] if k == 1 else tuple(r[0] for r in rounds)
 
         def for_replica(ctx):
-            replica = ctx.replica_id_in_sync_group
+            replica = ctx.replica_id_in_sync_group % count
             return rounds[0][replica] if k == 1 else tuple(r[replica] for r in rounds)
 
         return self.strategy.experimental_distribute_values_from_function(for_replica)

@@ -116,6 +116,11 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
             loop.history = (first, dict(zip(self._history_keys, rows.T, strict=True)))
         return self.train_loop_end(out)
 
+    def set_train_iterator(self, iterator: Any) -> None:
+        """Makes the next device loops read `iterator` (an input rebuilt at its position). Eager;
+        returns None."""
+        self._train_iter = iterator
+
     @property
     def last_step(self) -> int | None:
         """Returns the global step the last device loop ended at (None before the first). Eager

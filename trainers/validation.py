@@ -18,6 +18,7 @@ from orbitask.tasks.base import Task
 from orbitask.tasks.errors import one_line
 from orbitask.trainers import inputs
 from orbitask.trainers.errors import ConfigError
+from orbitask.trainers.input_position import IteratorInput
 
 
 def check_model_dir(model_dir: str) -> None:
@@ -171,25 +172,23 @@ def check_built_in_scope(task: Any, model: Any, strategy: Any) -> None:
             )
 
 
-def checked_train_iterator(
-    task: Any, strategy: Any, global_batch_size: int, accumulation: int, objects: tuple
-) -> Any:
-    """The train iterator (`inputs.train_iterator`), its input checked before the first step:
+def checked_train_input(task: Any, strategy: Any, train_input: Any, objects: tuple) -> Any:
+    """`train_input` (`inputs.train_input`) checked before the first step: its position
     checkpointable, and one batch of its spec through the model and loss. Builds the optimizer's
-    slots. Eager; returns the iterator.
+    slots. Eager; returns `train_input`.
 
     Args:
-      objects: `(model, loss_fn, lr, optimizer, train_metrics)`.
+      objects: `(model, loss_fn, lr, optimizer, train_metrics, global_batch_size)`.
 
     Raises:
       ConfigError: naming what does not fit.
     """
-    model, loss_fn, lr, optimizer, metrics = objects
+    model, loss_fn, lr, optimizer, metrics, global_batch_size = objects
     replicas = strategy.num_replicas_in_sync
     check_built_in_scope(task, model, strategy)
-    iterator = inputs.train_iterator(task, strategy, global_batch_size, accumulation)
-    check_checkpointable_input(task, iterator)
-    spec, per_replica = iterator.element_spec, global_batch_size // replicas
+    if isinstance(train_input, IteratorInput):
+        check_checkpointable_input(task, train_input.iterator)
+    spec, per_replica = train_input.element_spec, global_batch_size // replicas
     check_inputs(task, spec, model, loss_fn, lr, per_replica, global_batch_size, replicas)
     if _weightless(model) and type(task).train_step is not Task.train_step:
         step = (model, optimizer, metrics, loss_fn, lr, global_batch_size)
@@ -197,7 +196,7 @@ def checked_train_iterator(
     # After check_inputs, which calls the model once: a Keras model without an Input layer only
     # has weights from then on, and the optimizer must be built with them.
     keras_compat.build_optimizer_slots(optimizer, trainable_variables(task, model), model)
-    return iterator
+    return train_input
 
 
 def _weightless(model: Any) -> bool:
