@@ -152,15 +152,11 @@ class ExperimentRunner:
 
     def _build_train_input(self):
         """The train input and its position, checked against the model and loss."""
-        loop, batch = self.settings.loop, self.settings.loop.global_batch_size
+        loop, keep = self.settings.loop, self.settings.checkpoints.input_positions
+        batch = loop.global_batch_size
+        per_step = (batch, loop.gradient_accumulation_steps)
         train_input = inputs.train_input(
-            self.task,
-            self.strategy,
-            batch,
-            loop.gradient_accumulation_steps,
-            self.global_step,
-            self.model_dir,
-            self.settings.checkpoints.input_positions,
+            self.task, self.strategy, *per_step, self.global_step, self.model_dir, keep
         )
         objects = (self.model, self.loss_fn, self.lr, self.optimizer, self.train_metrics, batch)
         return validation.checked_train_input(self.task, self.strategy, train_input, objects)
