@@ -12,8 +12,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from orbitask import IndexedInput, Task
-from orbitask.trainers import input_position, run_experiment
+from orbitask import DigitsClassification, IndexedInput, Task
+from orbitask.trainers import input_position, inputs, run_experiment
 from tests.helpers import TinyTask
 
 N = 48  # examples per epoch
@@ -171,3 +171,13 @@ def test_only_the_newest_input_positions_are_kept_and_an_older_checkpoint_restar
     out = capsys.readouterr().out
     assert "the training input restarts from its beginning at step 20" in out
     assert "only the newest 2 input positions are kept" in out
+
+
+def test_a_tf_data_input_that_ignores_input_context_is_named_under_several_workers(caplog):
+    context = tf.distribute.InputContext(2, 0, 2)
+    ignores = TinyTask(shuffle=True)
+    dataset = ignores.build_inputs(4, context)
+    assert inputs.warn_if_unsharded(ignores, dataset, 4, context)
+    assert "TinyTask.build_inputs gives worker 0 and worker 1 the same first batch" in caplog.text
+    shards = DigitsClassification(shuffle_buffer=64)
+    assert not inputs.warn_if_unsharded(shards, shards.build_inputs(4, context), 4, context)

@@ -121,6 +121,9 @@ def train_input(
 
         return IndexedTrainInput(global_step, per_step, build, source)
 
+    if pipelines > 1:
+        warn_if_unsharded(task, source, per_replica, context)
+
     def rebuild(dataset=None):
         if dataset is None:
             with tf.device("/cpu:0"):
@@ -130,6 +133,43 @@ def train_input(
     return IteratorInput(
         rebuild(source), global_step, per_step, rebuild, model_dir, index, pipelines, keep
     )
+
+
+def warn_if_unsharded(task: Any, dataset: tf.data.Dataset, per_replica: int, context) -> bool:
+    """Warns, and returns True, when the next worker's pipeline starts with the same batch as
+    this one's: `build_inputs` ignores `input_context`, so every worker would train on the same
+    examples. Eager; reads one batch of each."""
+    other = tf.distribute.InputContext(
+        context.num_input_pipelines,
+        (context.input_pipeline_id + 1) % context.num_input_pipelines,
+        context.num_replicas_in_sync,
+    )
+    with tf.device("/cpu:0"):
+        theirs = _source(task, per_replica, other, training=True)
+        mine, first = next(iter(dataset)), next(iter(theirs))
+    try:
+        same = all(
+            a.shape == b.shape and bool(tf.reduce_all(a == b))
+            for a, b in zip(tf.nest.flatten(mine), tf.nest.flatten(first), strict=True)
+        )
+    except (TypeError, ValueError, tf.errors.OpError):  # e.g. ragged or sparse parts
+        return False
+    if same:
+        logging.warning(
+            "%s.build_inputs gives worker %d and worker %d the same first batch: it ignores "
+            "input_context, so every worker trains on the same examples. Shard it with "
+            "dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id) "
+            "(or return an orbitask.IndexedInput).",
+            type(task).__name__,
+            context.input_pipeline_id,
+            other.input_pipeline_id,
+        )
+        print(
+            f"orbitask: warning: {type(task).__name__}.build_inputs ignores input_context "
+            "(every worker reads the same examples); see the log for the fix.",
+            flush=True,
+        )
+    return same
 
 
 def train_iterator(
