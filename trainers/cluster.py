@@ -6,8 +6,8 @@ Multi-worker rules (DESIGN, known traps):
   alone deadlocks. Non-chief workers save into their own temporary folder (one checkpoint kept,
   removed when the process exits); only the chief's checkpoints, in the model directory, count.
 - Every worker restores from the chief's checkpoints, so the model directory must be storage
-  that every machine reads (GCS, NFS, ...). The input position restored is the chief's; that is
-  exact because every worker reads the same input stream (`trainers.inputs`).
+  that every machine reads (GCS, NFS, ...). Each worker restores its own input position
+  (`trainers.input_position`).
 - Only the chief writes summaries and the operative config.
 
 Under `parameter_server`, the chief is the coordinator that runs the program; `worker` and `ps`

@@ -33,7 +33,7 @@ import numpy as np
 import tensorflow as tf
 from sklearn.datasets import load_digits
 
-from orbitask import Task
+from orbitask import IndexedInput, Task
 
 
 @gin.configurable
@@ -43,20 +43,23 @@ class $cls(Task):
     def __init__(self, hidden_units=64, validation_size=300):
         super().__init__()
         self.hidden_units = hidden_units
-        digits = load_digits()  # your data: any arrays, files or tf.data pipeline
+        digits = load_digits()  # your data: arrays, files, or a tf.data pipeline
         x = (digits.data / 16.0).astype(np.float32)
         y = digits.target.astype(np.int32)
         self.train = x[validation_size:], y[validation_size:]
         self.validation = x[:validation_size], y[:validation_size]
 
     def build_inputs(self, per_replica_batch_size, input_context=None, training=True):
-        """Returns one input pipeline's (inputs, labels) batches; training repeats forever."""
-        ds = tf.data.Dataset.from_tensor_slices(self.train if training else self.validation)
+        """Returns the (inputs, labels) examples. Training reads them by index in a global
+        shuffle (IndexedInput.from_files for one file per example, or any `read(index)`): the
+        saved position is a few bytes and resumes on any number of workers. Validation is one
+        input pipeline's batches."""
+        if training:
+            return IndexedInput.from_tensors(self.train, per_replica_batch_size, seed=0)
+        ds = tf.data.Dataset.from_tensor_slices(self.validation)
         if input_context and input_context.num_input_pipelines > 1:  # several workers
             ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-        if training:
-            ds = ds.shuffle(2048, seed=0).repeat()
-        return ds.batch(per_replica_batch_size, drop_remainder=training)
+        return ds.batch(per_replica_batch_size)
 
     def build_model(self):
         """Returns the Keras model (built inside the strategy's scope)."""
