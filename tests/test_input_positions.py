@@ -181,3 +181,30 @@ def test_a_tf_data_input_that_ignores_input_context_is_named_under_several_worke
     assert "TinyTask.build_inputs gives worker 0 and worker 1 the same first batch" in caplog.text
     shards = DigitsClassification(shuffle_buffer=64)
     assert not inputs.warn_if_unsharded(shards, shards.build_inputs(4, context), 4, context)
+
+
+def test_a_tf_data_position_saved_by_another_number_of_workers_restarts_the_input(tmp_path, capsys):
+    dataset = tf.data.Dataset.range(100).shuffle(10, seed=1).batch(2)
+    step = tf.Variable(4, dtype=tf.int64)
+    rebuilt = []
+
+    def rebuild():
+        rebuilt.append(True)
+        return iter(dataset)
+
+    saved = input_position.IteratorInput(iter(dataset), step, 2, rebuild, str(tmp_path), 0, 2)
+    next(saved.iterator)
+    record = saved.serialize()  # writes worker-0-of-2 at step 4
+    assert (tmp_path / "input" / "ckpt-4" / "worker-0-of-2.index").is_file()
+    same = input_position.IteratorInput(iter(dataset), step, 2, rebuild, str(tmp_path), 0, 2)
+    same.deserialize(record)
+    assert (
+        not rebuilt
+        and next(same.iterator).numpy().tolist() == next(saved.iterator).numpy().tolist()
+    )
+    alone = input_position.IteratorInput(iter(dataset), step, 2, rebuild, str(tmp_path), 0, 1)
+    alone.deserialize(record)
+    assert rebuilt
+    out = capsys.readouterr().out
+    assert "the training input restarts from its beginning at step 4" in out
+    assert "saved by 2 input pipelines (workers) and this job has 1" in out
