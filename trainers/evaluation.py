@@ -4,8 +4,13 @@ Hook order, as the Controller drives it::
 
     evaluate(num_steps or -1):                  # with the EMA weights swapped in, if any
       eval_begin()                              # reset eval metrics
-      each step: logs = strategy.run(task.validation_step)     # tf.function
-                 state = task.aggregate_logs(state, per-replica logs)   # eager
+      device loop (the default log reduction): one tf.function runs every step in a
+        tf.while_loop, summing each log over replicas and steps on the device, until
+        `num_steps` or the end of the dataset; the sums and the count of values are the
+        state `tasks.eval_logs.aggregate` would have built
+      per-step (a task's own aggregate_logs / reduce_aggregated_logs, parameter server):
+        each step: logs = strategy.run(task.validation_step)     # tf.function
+                   state = task.aggregate_logs(state, per-replica logs)   # eager
       eval_end(state) = task.reduce_aggregated_logs(state) + metric results
 """
 
@@ -17,7 +22,11 @@ import numpy as np
 import orbit
 import tensorflow as tf
 
+from orbitask.tasks import eval_logs
+from orbitask.tasks.base import Task
 from orbitask.trainers.cluster import all_replica_values
+
+ALL_STEPS = 2**31 - 1  # a device loop's bound when evaluating to the end of the dataset
 
 
 class TaskEvaluator(orbit.StandardEvaluator):
@@ -27,15 +36,73 @@ class TaskEvaluator(orbit.StandardEvaluator):
     (None or a `trainers.ExponentialMovingAverage`).
     """
 
+    device_eval_loop = True  # False: every evaluation step is its own call (parameter server)
+
     def evaluate(self, num_steps: tf.Tensor):
         """Eager: one evaluation, with the averaged weights swapped in when EMA is on.
 
         Returns the eval logs (`eval_end`'s).
         """
         if self.ema is None:
-            return super().evaluate(num_steps)
+            return self._evaluate(num_steps)
         with self.ema.averaged():
+            return self._evaluate(num_steps)
+
+    def reduces_on_device(self) -> bool:
+        """Whether evaluation runs as one device loop: the task keeps the default log reduction
+        (`tasks.eval_logs`) and the logs are reduced by the strategy. Eager; returns a bool."""
+        task = type(self.task)
+        return (
+            self.device_eval_loop
+            and task.aggregate_logs is Task.aggregate_logs
+            and task.reduce_aggregated_logs is Task.reduce_aggregated_logs
+        )
+
+    def _evaluate(self, num_steps):
+        if not self.reduces_on_device():
             return super().evaluate(num_steps)
+        self.eval_begin()
+        iterator = iter(self.eval_dataset)
+        if getattr(self, "_eval_device_fns", None) is None:
+            self._eval_device_fns = (tf.function(self._first_sums), tf.function(self._sums_loop))
+        first, loop = self._eval_device_fns
+        limit = ALL_STEPS if int(num_steps) < 0 else int(num_steps)
+        if limit == 0:
+            return self.eval_end({})
+        try:
+            sums = first(iterator)
+        except (tf.errors.OutOfRangeError, StopIteration):  # an empty validation dataset
+            return self.eval_end({})
+        sums, steps = loop(iterator, sums, tf.constant(limit - 1))
+        state = {key: value.numpy() for key, value in sums.items()}
+        state[eval_logs.VALUES] = int(steps.numpy() + 1) * self.strategy.num_replicas_in_sync
+        return self.eval_end(state)
+
+    def _step_sums(self, batch) -> dict:
+        """One step's logs summed over replicas, as float64 (traced, cross-replica)."""
+        logs = self.strategy.run(self._replica_eval_step, args=(batch,))
+        total = tf.distribute.ReduceOp.SUM
+        return {
+            key: tf.cast(self.strategy.reduce(total, value, axis=None), tf.float64)
+            for key, value in logs.items()
+        }
+
+    def _first_sums(self, iterator) -> dict:
+        """The first step's sums (traced); raises OutOfRangeError on an empty dataset."""
+        return self._step_sums(next(iterator))
+
+    def _sums_loop(self, iterator, sums: dict, limit: tf.Tensor):
+        """Up to `limit` more steps in one tf.while_loop, to the end of the dataset; returns the
+        running sums and the steps taken (traced)."""
+        steps = tf.constant(0)
+        for _ in tf.range(limit):
+            batch = iterator.get_next_as_optional()
+            if not batch.has_value():
+                break
+            step = self._step_sums(batch.get_value())
+            sums = {key: sums[key] + step[key] for key in sums}
+            steps += 1
+        return sums, steps
 
     def eval_begin(self):
         """Eager: resets eval metrics; returns the empty aggregation state."""

@@ -30,7 +30,7 @@ class ParameterServerTrainer(TaskTrainer):
     """`TaskTrainer` whose device loops run on the workers through `ClusterCoordinator.schedule`.
 
     Takes `TaskTrainer`'s arguments; `train_iterator` is the per-worker iterator of
-    `trainers.inputs.train_iterator`. Loops are always `tf.function`s (scheduled functions must
+    `trainers.inputs.train_input`. Loops are always `tf.function`s (scheduled functions must
     be); `nan_guard` is not supported (workers do not update in lockstep).
 
     Raises:
@@ -38,6 +38,7 @@ class ParameterServerTrainer(TaskTrainer):
     """
 
     copies_learning_rate_in_loop = False  # once on the coordinator, not in every closure
+    device_eval_loop = False  # the coordinator evaluates a plain dataset, step by step
 
     def __init__(self, **kwargs):
         if kwargs.get("nan_guard") is not None:
