@@ -144,6 +144,7 @@ def test_manager_settings_reads_the_constructor_arguments(tmp_path):
     assert settings == dict(
         max_to_keep=7, keep_checkpoint_every_n_hours=2.0, checkpoint_name="model"
     )
+    assert compat.checkpoint_prefix(manager) == str(tmp_path / "model")
 
 
 def test_dataset_helpers_see_an_autotuned_prefetch_under_options():

@@ -4,6 +4,7 @@ nothing)."""
 
 from __future__ import annotations
 
+import errno
 import os
 
 import gin
@@ -12,7 +13,54 @@ from absl import logging
 
 from orbitask.tasks.errors import one_line
 from orbitask.trainers import compat
-from orbitask.trainers.errors import ConfigError
+from orbitask.trainers.errors import ConfigError, NoSpaceError
+
+
+def is_no_space(error: BaseException) -> bool:
+    """Whether `error` says the device is full (ENOSPC, from TensorFlow or Python)."""
+    return getattr(error, "errno", None) == errno.ENOSPC or "No space left on device" in str(error)
+
+
+def remove_partial_save(prefix: str, keep: list[str]) -> None:
+    """Removes what a failed save of checkpoint `prefix` left (its `_temp` folder; its files
+    unless `prefix` is one of the intact checkpoints `keep`). Eager; returns None."""
+    for path in tf.io.gfile.glob(prefix + "_temp*"):
+        if tf.io.gfile.isdir(path):
+            tf.io.gfile.rmtree(path)
+        else:
+            tf.io.gfile.remove(path)
+    if prefix not in keep:
+        for path in tf.io.gfile.glob(prefix + ".*"):
+            tf.io.gfile.remove(path)
+
+
+class SafeCheckpointManager(tf.train.CheckpointManager):
+    """`tf.train.CheckpointManager` whose `save` on a full device removes the half-written
+    checkpoint, keeps the previous one, and raises `NoSpaceError` (one line naming the path)."""
+
+    def save(self, checkpoint_number=None, check_interval=True, options=None):
+        """Saves like `tf.train.CheckpointManager.save`. Eager; returns the path (or None).
+
+        Raises:
+          NoSpaceError: when the device holding the checkpoint is full.
+        """
+        try:
+            return super().save(checkpoint_number, check_interval, options)
+        except (tf.errors.OpError, OSError) as e:
+            if not is_no_space(e):
+                raise
+            number = checkpoint_number
+            if number is None:
+                number = int(self.checkpoint.save_counter.numpy())
+            prefix = f"{compat.checkpoint_prefix(self)}-{int(number)}"
+            intact = list(self.checkpoints)
+            remove_partial_save(prefix, intact)
+            before = intact[-1] if intact else "none"
+            raise NoSpaceError(
+                f"no space left on the device to write checkpoint {prefix}; the half-written "
+                f"files were removed and the previous checkpoint ({before}) is intact. Free "
+                "space (or lower Task.max_to_keep), then rerun the same command to resume."
+            ) from None
 
 
 def unreadable_reason(path: str) -> str | None:
@@ -106,7 +154,7 @@ def build(
     # step (needed after an evaluation changed checkpointed state, or on SIGTERM).
     kept = compat.manager_settings(manager)
     del kept["step_counter"]
-    manager = tf.train.CheckpointManager(checkpoint, manager.directory, **kept)
+    manager = SafeCheckpointManager(checkpoint, manager.directory, **kept)
     return checkpoint, manager
 
 

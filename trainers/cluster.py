@@ -28,6 +28,7 @@ import tensorflow as tf
 from absl import logging
 
 from orbitask.trainers import compat
+from orbitask.trainers.checkpoints import SafeCheckpointManager
 
 SERVER_TASKS = ("worker", "ps")
 
@@ -143,7 +144,7 @@ def for_this_worker(
     )
 
 
-class WorkerCheckpointManager(tf.train.CheckpointManager):
+class WorkerCheckpointManager(SafeCheckpointManager):
     """A non-chief worker's manager: restores the chief's checkpoints, saves into a temp folder.
 
     `directory` and `checkpoints` are the chief's (what restores and continuous evaluation

@@ -59,6 +59,12 @@ def manager_settings(manager: tf.train.CheckpointManager) -> dict:
     )
 
 
+def checkpoint_prefix(manager: tf.train.CheckpointManager) -> str:
+    """The path a manager's checkpoints start with (`<its folder>/ckpt`), its own folder even
+    where `directory` is overridden. Eager; returns it."""
+    return manager._checkpoint_prefix  # noqa: SLF001
+
+
 def ps_num_workers(strategy: tf.distribute.Strategy) -> int:
     """The number of workers a `ParameterServerStrategy` schedules on. Eager; returns it."""
     return strategy.extended._num_workers  # noqa: SLF001 (its cluster_resolver is not public)

@@ -2,7 +2,11 @@
 
 from orbitask.tasks.errors import ConfigError
 
-__all__ = ["ConfigError", "EarlyStop", "NonFiniteLossError", "Preempted"]
+__all__ = ["ConfigError", "EarlyStop", "NoSpaceError", "NonFiniteLossError", "Preempted"]
+
+
+class NoSpaceError(ConfigError):
+    """A checkpoint could not be written for lack of space; the previous one is intact."""
 
 
 class NonFiniteLossError(RuntimeError):

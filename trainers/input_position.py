@@ -129,7 +129,15 @@ class IteratorInput(TrainInput):
         path = self.path(step)
         if path != self._written:  # a best export saves the same step again
             start = time.perf_counter()
-            tf.train.Checkpoint(iterator=self.iterator).write(path)
+            try:
+                tf.train.Checkpoint(iterator=self.iterator).write(path)
+            except (tf.errors.OpError, OSError):
+                for partial in tf.io.gfile.glob(path + "*"):  # e.g. a full device
+                    if tf.io.gfile.isdir(partial):
+                        tf.io.gfile.rmtree(partial)
+                    else:
+                        tf.io.gfile.remove(partial)
+                raise
             seconds = time.perf_counter() - start
             size = _bytes(path)
             self.last_save = (seconds, size)

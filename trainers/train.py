@@ -17,6 +17,7 @@ from absl import flags
 
 EXIT_USAGE = 2  # a user mistake, found before any work
 EXIT_NONFINITE = 3  # the loss stayed non-finite after the NanGuard's rollbacks
+EXIT_NO_SPACE = 4  # the disk filled during a save; the previous checkpoint is intact
 EXIT_PREEMPTED = 75  # SIGTERM: checkpoint saved, run the same command again to resume
 
 FLAGS = flags.FlagValues()
@@ -164,13 +165,21 @@ def main(argv: list[str]) -> int:
 
     import gin
 
-    from orbitask.trainers.errors import ConfigError, NonFiniteLossError, Preempted
+    from orbitask.trainers.errors import (
+        ConfigError,
+        NonFiniteLossError,
+        NoSpaceError,
+        Preempted,
+    )
     from orbitask.trainers.experiment import run_experiment
 
     try:
         parse_gin(FLAGS.gin_file, FLAGS.gin_params)
         task = build_task()
         run_experiment(task=task, model_dir=FLAGS.model_dir, mode=FLAGS.mode)
+    except NoSpaceError as e:
+        _fail(str(e))
+        return EXIT_NO_SPACE
     except ConfigError as e:
         return _fail(str(e))
     except NonFiniteLossError as e:
