@@ -290,11 +290,15 @@ def probe_save(iterator: tf.data.Iterator) -> None:
 def eval_dataset(task: Any, strategy: tf.distribute.Strategy, global_batch_size: int):
     """The validation dataset, one pipeline per worker, distributed over replicas.
 
-    Under `parameter_server` a plain dataset: the coordinator evaluates it itself.
+    Under `parameter_server` a plain dataset: the coordinator evaluates it itself; with one
+    replica a plain dataset too (a distributed one adds a copy per batch).
     """
     per_replica = global_batch_size // strategy.num_replicas_in_sync
     if is_parameter_server(strategy):
         return _build(task, per_replica, None, training=False)
+    if strategy.num_replicas_in_sync == 1:  # one replica: a plain dataset, as for training
+        with tf.device("/cpu:0"):
+            return _build(task, per_replica, tf.distribute.InputContext(1, 0, 1), training=False)
 
     def dataset_fn(context):
         return _build(task, per_replica, context, training=False)
