@@ -155,3 +155,11 @@ def test_loop_length_benchmark_times_short_and_long_loops_on_one_iterator():
     assert lines[2].split()[-2] == "1.000"  # the first against itself
     assert lines[6].startswith("orbitask, 100-step loops / hand-written loop, 100 steps/call: ")
     assert lines[7].startswith("orbitask, one 200-step loop / hand-written loop, 200 steps/call")
+
+
+def test_eval_cost_benchmark_prints_orbitask_against_keras_evaluate():
+    lines = _benchmark_lines("eval_cost.py", "--quick", "--workloads", "mlp")
+    assert lines[0].startswith("| workload | orbitask ms/step | Keras spe=1 | Keras spe=50 |")
+    cells = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert cells[0] == "mlp" and all(float(c) > 0 for c in cells[1:4])
+    assert cells[4].split()[1] == "(vs" and float(cells[4].split()[0]) > 0
