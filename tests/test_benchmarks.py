@@ -163,3 +163,16 @@ def test_eval_cost_benchmark_prints_orbitask_against_keras_evaluate():
     cells = [c.strip() for c in lines[2].strip("|").split("|")]
     assert cells[0] == "mlp" and all(float(c) > 0 for c in cells[1:4])
     assert cells[4].split()[1] == "(vs" and float(cells[4].split()[0]) > 0
+
+
+def test_input_positions_benchmark_prints_bytes_for_each_input_style():
+    lines = _benchmark_lines("input_positions.py", "--quick")
+    assert lines[0].startswith("300 JPEG records of ")
+    rows = [line for line in lines if line.startswith("| tf.data shuffle(")]
+    assert [row.split("|")[1].strip() for row in rows] == [
+        "tf.data shuffle(100)",
+        "tf.data shuffle(200)",
+    ]
+    indexed = next(line for line in lines if line.startswith("| IndexedInput |"))
+    assert int(indexed.split("|")[2].split()[0]) < 1024  # a few hundred bytes at most
+    assert lines[-1].startswith("input CPU for 20 steps of 2 replicas: one process ")
