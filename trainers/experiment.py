@@ -36,6 +36,7 @@ def run_experiment(
     validation_control: Any = None,
     jit_compile: bool = False,
     histogram_interval: int | None = None,
+    profile_steps: Any = None,
     warm_start: Any = None,
     mixed_precision: str | None = None,
     ema: Any = None,
@@ -57,7 +58,7 @@ def run_experiment(
         keep_input_positions),
         `EvalSettings` (eval_interval, eval_steps, continuous_eval_timeout,
         validation_control), `DistributionSettings` (strategy, cpu_devices), `FeatureSettings`
-        (nan_guard, mixed_precision, ema, histogram_interval).
+        (nan_guard, mixed_precision, ema, histogram_interval, profile_steps).
 
     Returns:
       `{"train": last train logs, "eval": last eval logs}` (Python floats / NumPy arrays).

@@ -33,6 +33,7 @@ from orbitask.trainers.learning_rate import LearningRate
 from orbitask.trainers.loop_length import LoopLength
 from orbitask.trainers.precision import DynamicLossScale, precision_policy
 from orbitask.trainers.preemption import PreemptionWatcher
+from orbitask.trainers.profiling import Profiler
 from orbitask.trainers.progress import ProgressAction
 from orbitask.trainers.ps_trainer import ParameterServerTrainer
 from orbitask.trainers.settings import Settings
@@ -90,6 +91,8 @@ class ExperimentRunner:
                 self.results["early_stop"] = str(stop)
                 return self.results
             finally:  # also on SIGTERM (exit 75) and errors: the kept train scalars
+                if self.profiler:
+                    self.profiler.close()
                 self.train_summaries.write_pending()
                 self.train_summaries.flush()
 
@@ -231,18 +234,10 @@ class ExperimentRunner:
         loop, features = self.settings.loop, self.settings.features
         ps = cluster.is_parameter_server(self.strategy)
         objects = TaskObjects(
-            self.task,
-            self.strategy,
-            self.model,
-            self.optimizer,
-            self.loss_fn,
-            self.lr,
-            self.global_step,
-            loop.global_batch_size,
-            self.train_metrics,
-            self.eval_metrics,
+            self.task, self.strategy, self.model, self.optimizer, self.loss_fn, self.lr,
+            self.global_step, loop.global_batch_size, self.train_metrics, self.eval_metrics,
             self.lr_control.follows,
-        )
+        )  # fmt: skip
         step = TrainStep(
             objects,
             accumulation=loop.gradient_accumulation_steps,
@@ -276,6 +271,11 @@ class ExperimentRunner:
                 self.global_step, self.settings.loop.train_steps, current_step=self._step_now
             )
             actions.append(self.progress)
+        self.profiler = None
+        if (steps := self.settings.features.profile_steps) is not None:  # loops end alike
+            logdir = os.path.join(self.model_dir, "train")
+            self.profiler = Profiler(steps, logdir, self._step_now, self.trainer, self.chief)
+            actions.append(self.profiler)
         if self.nan_guard is not None:
             # Last but one, before the Controller's save: a rollback must precede any checkpoint.
             actions.append(
@@ -351,7 +351,7 @@ class ExperimentRunner:
     def _steps_per_loop(self, step: int) -> int:
         """A device loop's length from `step`: the grown length, cut where a callback is due
         (the Controller also ends loops at checkpoint steps)."""
-        return self.loop_length.steps_from(step, (self.callbacks,))
+        return self.loop_length.steps_from(step, (self.callbacks, *filter(None, [self.profiler])))
 
     def _keep_train_logs(self, output: dict) -> None:
         self.results["train"] = dict(output)
@@ -363,6 +363,8 @@ class ExperimentRunner:
         control = self.settings.evaluation.validation_control
         if self.progress:
             self.progress.start()
+        if self.profiler:
+            self.profiler.start_if_due(self._step_now())
         if self.training and control is not None and control.stopped():
             raise EarlyStop(f"already stopped early at step {int(self.global_step.numpy())}")
         train_steps = self.settings.loop.train_steps

@@ -9,6 +9,7 @@ from typing import Any
 import gin
 
 from orbitask.tasks import Task
+from orbitask.trainers import profiling
 from orbitask.trainers.errors import ConfigError
 
 MODES = ("train", "eval", "train_and_eval", "continuous_eval")
@@ -141,12 +142,15 @@ class FeatureSettings:
         the model is built. Give the model a float32 output layer.
       ema: an `orbitask.ExponentialMovingAverage`: evaluate and export the averaged weights.
       histogram_interval: write histograms of the trainable variables every this many steps.
+      profile_steps: `(N, M)`: trace steps N..M into TensorBoard's profile format under
+        `train/plugins/profile/` (`trainers.profiling`); None: no profile.
     """
 
     nan_guard: Any = None
     mixed_precision: str | None = None
     ema: Any = None
     histogram_interval: int | None = None
+    profile_steps: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,6 +244,8 @@ def check(task: Any, model_dir: Any, mode: str, settings: Settings) -> None:
     for name, value in optional.items():
         check_positive(name, value, allow_none=True)
     check_seconds("checkpoint_seconds", settings.checkpoints.seconds)
+    if features.profile_steps is not None:
+        profiling.check(features.profile_steps)
     check_seconds("loop_seconds", loop.loop_seconds)
     if features.mixed_precision not in (None, "mixed_float16", "mixed_bfloat16"):
         raise ConfigError(

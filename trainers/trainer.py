@@ -80,6 +80,7 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         self._loop = _LoopRecord()
         self._history_keys: list[str] = []
         self._use_tf_while_loop = use_tf_while_loop
+        self.mark_loops = False  # set by `trainers.profiling.Profiler` while it traces
         self._trainable_signature = None
         orbit.StandardTrainer.__init__(
             self,
@@ -105,7 +106,11 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         fresh = self._train_loop_fn is None
         if fresh:
             self._train_loop_fn = self.create_train_loop_fn()
-        out = self._train_loop_fn(self._train_iter, num_steps)
+        if self.mark_loops:  # while profiling: each loop a "train" step in TensorBoard
+            with tf.profiler.experimental.Trace("train", step_num=self.step_now(), _r=1):
+                out = self._train_loop_fn(self._train_iter, num_steps)
+        else:
+            out = self._train_loop_fn(self._train_iter, num_steps)
         if fresh:
             keras_compat.refresh_tracking(self.optimizer)
         loop = self._loop
