@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from orbitask.trainers import slurm
 from orbitask.trainers.errors import ConfigError
 
 NAMES = ("auto", "one_device", "mirrored", "multi_worker_mirrored", "parameter_server")
@@ -15,7 +16,8 @@ def build_strategy(strategy: str | tf.distribute.Strategy = "auto") -> tf.distri
     `auto`: MirroredStrategy over all GPUs when there are several, else one device (GPU or CPU).
     `mirrored`: all GPUs, else all logical CPU devices (`trainers.logical_cpus`;
     `official.common.distribute_utils` would ignore logical CPUs). `one_device`: the first GPU,
-    else the CPU. `multi_worker_mirrored` reads TF_CONFIG.
+    else the CPU. `multi_worker_mirrored` reads TF_CONFIG, or SLURM's environment
+    (`trainers.slurm`).
 
     Raises:
       ValueError: for an unknown name.
@@ -29,6 +31,7 @@ def build_strategy(strategy: str | tf.distribute.Strategy = "auto") -> tf.distri
         )
     # Multi-worker strategies must configure collectives before anything initialises TensorFlow.
     if strategy == "multi_worker_mirrored":
+        slurm.use_slurm_cluster()  # under srun without TF_CONFIG: the cluster from SLURM
         return tf.distribute.MultiWorkerMirroredStrategy()
     if strategy == "parameter_server":
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()

@@ -1,0 +1,53 @@
+"""SLURM: the multi-worker cluster from SLURM's environment, with no hand-written TF_CONFIG.
+
+Under `srun` (one task per worker), `strategy = 'multi_worker_mirrored'` without TF_CONFIG builds
+the cluster with TensorFlow's `SlurmClusterResolver` from `SLURM_PROCID`,
+`SLURM_STEP_NUM_TASKS`, `SLURM_STEP_NODELIST` and `SLURM_STEP_TASKS_PER_NODE`: one `worker` per
+task, task 0 the chief, ports from `ORBITASK_SLURM_PORT` (default 8888) up on each node. It is
+written into TF_CONFIG, so everything that reads the cluster reads it the same way. On nodes
+with `nvidia-smi` each task gets its share of the node's GPUs (`CUDA_VISIBLE_DEVICES`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+from absl import logging
+
+PORT_ENV = "ORBITASK_SLURM_PORT"
+NEEDED = (
+    "SLURM_PROCID",
+    "SLURM_STEP_NUM_TASKS",
+    "SLURM_STEP_NODELIST",
+    "SLURM_STEP_TASKS_PER_NODE",
+)
+
+
+def tf_config() -> dict | None:
+    """Returns the TF_CONFIG of this SLURM task, or None outside a SLURM job step. Eager."""
+    if not all(os.environ.get(name) for name in NEEDED):
+        return None
+    import tensorflow as tf
+
+    gpus = shutil.which("nvidia-smi") is not None
+    kwargs = {} if gpus else dict(gpus_per_node=1024, gpus_per_task=1, auto_set_gpu=False)
+    resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(
+        port_base=int(os.environ.get(PORT_ENV, "8888")), **kwargs
+    )
+    spec = resolver.cluster_spec().as_dict()
+    return {"cluster": spec, "task": {"type": resolver.task_type, "index": resolver.task_id}}
+
+
+def use_slurm_cluster() -> bool:
+    """Sets TF_CONFIG from SLURM's environment when it is unset and a job step is running.
+    Eager, before the strategy is built; returns whether it did."""
+    if os.environ.get("TF_CONFIG"):
+        return False
+    config = tf_config()
+    if config is None:
+        return False
+    os.environ["TF_CONFIG"] = json.dumps(config)
+    logging.info("TF_CONFIG from SLURM: %s", os.environ["TF_CONFIG"])
+    return True
