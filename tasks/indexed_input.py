@@ -174,10 +174,6 @@ class IndexedInput:
             return self.training_dataset(0, 0, 1, 1)
         return self.training_dataset(0, context.input_pipeline_id, context.num_input_pipelines, 1)
 
-    def element_spec(self) -> Any:
-        """Returns the spec of one per-replica batch. Eager."""
-        return self.training_dataset(0, 0, 1, 1).element_spec
-
 
 def _parameters(fn: Callable) -> dict:
     try:

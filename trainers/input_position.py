@@ -117,7 +117,6 @@ class IteratorInput(TrainInput):
         self.directory = os.path.join(model_dir, "input")
         self.worker, self.workers, self.keep = worker, workers, keep
         self._written: str | None = None
-        self.last_save: tuple[float, int] | None = None  # (seconds, bytes) of the last write
 
     def path(self, step: int, worker: int | None = None, workers: int | None = None) -> str:
         worker = self.worker if worker is None else worker
@@ -140,7 +139,6 @@ class IteratorInput(TrainInput):
                 raise
             seconds = time.perf_counter() - start
             size = _bytes(path)
-            self.last_save = (seconds, size)
             self._written = path
             logging.info("input position %s: %.1f MiB in %.2f s", path, size / 2**20, seconds)
             self._prune()
