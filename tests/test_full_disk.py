@@ -33,15 +33,19 @@ def small_disk(tmp_path):
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
+@pytest.mark.parametrize("async_checkpoints", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("shuffle_buffer", ["None", "512"], ids=["indexed", "tf.data"])
 def test_a_full_disk_stops_the_run_with_one_line_and_keeps_the_previous_checkpoint(
-    small_disk, shuffle_buffer
+    small_disk, shuffle_buffer, async_checkpoints
 ):
+    # Async: the failing write is on the background thread; the next save or the end of the
+    # run raises it.
     model = small_disk / "model"
     extra = [
         "orbitask.DigitsClassification.hidden_units=(2048,)",  # ~1.8 MiB with Nadam's slots
         f"orbitask.DigitsClassification.shuffle_buffer={shuffle_buffer}",
         "orbitask.Task.max_to_keep=5",
+        f"orbitask.run_experiment.async_checkpoints={async_checkpoints}",
     ]
     command = faults.command(model, steps=60, extra=extra)
     result = subprocess.run(command, cwd=REPO, env=faults.env(), capture_output=True, text=True,

@@ -26,7 +26,7 @@ class Resumable(TinyTask):
         return {3: lambda t, c: c.lr.assign(0.02)}
 
 
-def _run(model_dir, flavour, steps, strategy):
+def _run(model_dir, flavour, steps, strategy, async_checkpoints=False):
     task = Resumable(flavour=flavour)
     run_experiment(
         task,
@@ -39,6 +39,7 @@ def _run(model_dir, flavour, steps, strategy):
         checkpoint_interval=5,
         strategy=strategy,
         progress=False,
+        async_checkpoints=async_checkpoints,
     )
     return task
 
@@ -51,10 +52,14 @@ def _state(model_dir):
 
 @pytest.mark.parametrize("flavour", ["keras", "tf_keras"])
 @pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
-def test_stop_and_restart_continues_from_step_k(tmp_path, flavour, strategy):
-    full = _run(tmp_path / "full", flavour, 12, strategy)
-    _run(tmp_path / "split", flavour, 5, strategy)
-    resumed = _run(tmp_path / "split", flavour, 12, strategy)
+@pytest.mark.parametrize("async_checkpoints", [False, True], ids=["sync", "async"])
+def test_stop_and_restart_continues_from_step_k(tmp_path, flavour, strategy, async_checkpoints):
+    # Async: every save (steps 5, 10 and the final one) is written by a background thread, and
+    # the run that stops at step 5 exits right after starting its write.
+    args = (flavour, 12, strategy, async_checkpoints)
+    full = _run(tmp_path / "full", *args)
+    _run(tmp_path / "split", flavour, 5, strategy, async_checkpoints)
+    resumed = _run(tmp_path / "split", *args)
 
     assert [s for s, _ in resumed.recorder.calls] == list(range(6, 13))
     replicas = 2 if strategy == "mirrored" else 1

@@ -36,31 +36,64 @@ def remove_partial_save(prefix: str, keep: list[str]) -> None:
 
 class SafeCheckpointManager(tf.train.CheckpointManager):
     """`tf.train.CheckpointManager` whose `save` on a full device removes the half-written
-    checkpoint, keeps the previous one, and raises `NoSpaceError` (one line naming the path)."""
+    checkpoint, keeps the previous one, and raises `NoSpaceError` (one line naming the path).
+
+    An async save (`options=CheckpointOptions(enable_async=True)`) is written by a background
+    thread; the next `save` or `sync` waits for it and raises its error the same way. Every
+    save waits for the one before it, so saves never overlap.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._writing: str | None = None  # the prefix a background thread is writing
 
     def save(self, checkpoint_number=None, check_interval=True, options=None):
         """Saves like `tf.train.CheckpointManager.save`. Eager; returns the path (or None).
 
         Raises:
-          NoSpaceError: when the device holding the checkpoint is full.
+          NoSpaceError: when the device holding the checkpoint (this one, or the async one
+            before it) is full.
         """
+        self.sync()
+        number = checkpoint_number
+        if number is None:
+            number = int(self.checkpoint.save_counter.numpy()) + 1
+        prefix = f"{compat.checkpoint_prefix(self)}-{int(number)}"
         try:
-            return super().save(checkpoint_number, check_interval, options)
+            path = super().save(checkpoint_number, check_interval, options)
         except (tf.errors.OpError, OSError) as e:
-            if not is_no_space(e):
-                raise
-            number = checkpoint_number
-            if number is None:
-                number = int(self.checkpoint.save_counter.numpy())
-            prefix = f"{compat.checkpoint_prefix(self)}-{int(number)}"
-            intact = list(self.checkpoints)
-            remove_partial_save(prefix, intact)
-            before = intact[-1] if intact else "none"
-            raise NoSpaceError(
-                f"no space left on the device to write checkpoint {prefix}; the half-written "
-                f"files were removed and the previous checkpoint ({before}) is intact. Free "
-                "space (or lower Task.max_to_keep), then rerun the same command to resume."
-            ) from None
+            self._raise_no_space(e, prefix)
+            raise
+        if path is not None and options is not None and options.enable_async:
+            self._writing = prefix
+        return path
+
+    def sync(self) -> None:
+        """Waits for the async save under way, if any. Eager; returns None.
+
+        Raises:
+          NoSpaceError: when that save found the device full (its files are removed).
+        """
+        super().sync()
+        prefix, self._writing = self._writing, None
+        error = compat.take_async_error(self.checkpoint)
+        if error is not None:
+            self._raise_no_space(error, prefix)
+            raise error
+
+    def _raise_no_space(self, error: BaseException, prefix: str | None) -> None:
+        """Raises `NoSpaceError` for `prefix` after removing its files, if `error` says the
+        device is full; else returns."""
+        if not is_no_space(error) or prefix is None:
+            return
+        intact = list(self.checkpoints)
+        remove_partial_save(prefix, intact)
+        before = intact[-1] if intact else "none"
+        raise NoSpaceError(
+            f"no space left on the device to write checkpoint {prefix}; the half-written "
+            f"files were removed and the previous checkpoint ({before}) is intact. Free "
+            "space (or lower Task.max_to_keep), then rerun the same command to resume."
+        ) from None
 
 
 def unreadable_reason(path: str) -> str | None:
@@ -137,9 +170,11 @@ def build(
     train_input,
     stateful_callbacks,
     extra_state,
+    asynchronous=False,
 ):
     """Returns the task's checkpoint (plus the input position `train_input`, the state of
-    stateful callbacks and `extra_state`) and a manager for it. Eager, in the strategy's scope."""
+    stateful callbacks and `extra_state`) and a manager for it. Eager, in the strategy's scope.
+    With `asynchronous`, async saves of the checkpoint write all of it (`compat`)."""
     trackables = dict(step=global_step, lr=lr, optimizer=optimizer, train_model=model)
     trackables["train_loss"] = loss_fn
     checkpoint, manager = task.build_checkpoint(model_dir, **trackables)
@@ -149,6 +184,8 @@ def build(
         checkpoint.callbacks = tf.train.Checkpoint(**stateful_callbacks)
     for name, value in extra_state.items():
         setattr(checkpoint, name, value)
+    if asynchronous:
+        compat.enable_async_writes(checkpoint)
     # Re-made without an interval: `trainers.Controller` decides when to save (at multiples of
     # the interval), and a manager with an interval silently refuses a second save at the same
     # step (needed after an evaluation changed checkpointed state, or on SIGTERM).

@@ -15,6 +15,7 @@ import gin
 import orbit.controller
 import tensorflow as tf
 from absl import logging
+from tensorflow.python.checkpoint import async_checkpoint_helper
 from tensorflow.python.data.ops import dataset_ops, prefetch_op
 
 
@@ -63,6 +64,48 @@ def checkpoint_prefix(manager: tf.train.CheckpointManager) -> str:
     """The path a manager's checkpoints start with (`<its folder>/ckpt`), its own folder even
     where `directory` is overridden. Eager; returns it."""
     return manager._checkpoint_prefix  # noqa: SLF001
+
+
+class _AsyncSaver(async_checkpoint_helper.AsyncCheckpointHelper):
+    """TensorFlow's async checkpoint writer over every child of a checkpoint, copying eagerly.
+
+    TensorFlow builds its writer from the checkpoint's constructor arguments only (an attribute
+    set later would be left out) and copies the values to host memory in a `tf.function`, where
+    a Keras 3 variable creates a new `tf.Variable` at each save and fails from the second one.
+    """
+
+    def __init__(self, checkpoint: tf.train.Checkpoint):
+        children = tf.train.TrackableView(checkpoint).children(checkpoint)
+        children.pop("save_counter", None)  # the writer numbers nothing; the manager does
+        super().__init__(tf.train.Checkpoint, **children)
+
+    def _copy_to_cpu(self) -> None:
+        for trackable in self._saveable_trackables:
+            try:
+                trackable._copy_trackable_to_cpu(object_map=self._object_map)  # noqa: SLF001
+            except NotImplementedError as e:
+                logging.warning("Trackable %s is written from the thread: %s", trackable, e)
+
+
+def enable_async_writes(checkpoint: tf.train.Checkpoint) -> None:
+    """Makes `checkpoint`'s async saves (`CheckpointOptions(enable_async=True)`) write every
+    child it holds now, Keras 3 variables included. Eager; call once, before the first save.
+
+    Reaches into `tf.train.Checkpoint._async_checkpointer_impl` (made lazily from the
+    constructor's arguments) and `AsyncCheckpointHelper._copy_to_cpu`.
+    """
+    checkpoint._async_checkpointer_impl = _AsyncSaver(checkpoint)  # noqa: SLF001
+
+
+def take_async_error(checkpoint: tf.train.Checkpoint) -> BaseException | None:
+    """The error of `checkpoint`'s last background write, if any, cleared so that TensorFlow
+    does not raise it again at exit; None when the write succeeded or none ran. Eager; call
+    after `sync()` (`AsyncCheckpointHelper._async_error`)."""
+    helper = getattr(checkpoint, "_async_checkpointer_impl", None)
+    error = getattr(helper, "_async_error", None)
+    if error is not None:
+        helper._async_error = None  # noqa: SLF001
+    return error
 
 
 def ps_num_workers(strategy: tf.distribute.Strategy) -> int:

@@ -25,6 +25,7 @@ def run_experiment(
     checkpoint_interval: int | None = None,
     checkpoint_seconds: float | None = 600.0,
     keep_input_positions: int = 3,
+    async_checkpoints: bool = False,
     strategy: Any = "auto",
     use_tf_while_loop: bool = True,
     progress: bool = True,
@@ -55,7 +56,7 @@ def run_experiment(
         there: `LoopSettings` (train_steps, global_batch_size, learning_rate, steps_per_loop,
         loop_seconds, use_tf_while_loop, jit_compile, gradient_accumulation_steps, seed,
         progress), `CheckpointSettings` (checkpoint_interval, checkpoint_seconds, warm_start,
-        keep_input_positions),
+        keep_input_positions, async_checkpoints),
         `EvalSettings` (eval_interval, eval_steps, continuous_eval_timeout,
         validation_control), `DistributionSettings` (strategy, cpu_devices), `FeatureSettings`
         (nan_guard, mixed_precision, ema, histogram_interval, profile_steps).

@@ -2,8 +2,10 @@
 
 A `TrainInput` is a `tf.train.experimental.PythonState` in the run's checkpoint: each save (every
 path: the interval, SIGTERM, the final save, a best export) calls `serialize`, each restore (a
-resume, a NaN rollback) calls `deserialize`, on every worker. Its saved value is a small JSON
-record; what it points to depends on the input:
+resume, a NaN rollback) calls `deserialize`, on every worker. An async save
+(`run_experiment.async_checkpoints`) takes the record, and writes the iterator file, on the
+training thread while it copies the values to write, so the position is the saved step's. Its
+saved value is a small JSON record; what it points to depends on the input:
 
 - `IteratorInput`, a `tf.data` pipeline: each worker writes its own iterator (buffers included)
   to `<model_dir>/input/ckpt-<step>/worker-<i>-of-<n>` and keeps only the newest `keep` steps, so
@@ -71,6 +73,11 @@ class TrainInput(tf.train.experimental.PythonState):
         """Called at each save (eager): the position's JSON record."""
         return json.dumps(self.record(int(self.global_step.numpy())))
 
+    def _copy_trackable_to_cpu(self, object_map) -> None:
+        """Called by an async save on the training thread (eager): the position now, frozen for
+        the background write."""
+        object_map[self] = _SavedPosition(self.serialize())
+
     def deserialize(self, string_value) -> None:
         """Called at each restore (eager), with what `serialize` returned."""
         record = json.loads(_text(string_value))
@@ -87,6 +94,19 @@ class TrainInput(tf.train.experimental.PythonState):
         self.iterator = iterator
         if self.on_new_iterator is not None:
             self.on_new_iterator(iterator)
+
+
+class _SavedPosition(tf.train.experimental.PythonState):
+    """A position record taken at an async save, written as it was taken."""
+
+    def __init__(self, record: str):
+        self.record = record
+
+    def serialize(self) -> str:
+        return self.record
+
+    def deserialize(self, string_value) -> None:
+        raise NotImplementedError("a saved position is only written")
 
 
 class IteratorInput(TrainInput):

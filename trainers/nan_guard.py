@@ -91,6 +91,7 @@ class NanGuard:
                 f"{step}) after {self.rollbacks} rollback(s); stopping. Check the input data "
                 "or lower the learning rate; the checkpoints in the model directory are intact."
             )
+        manager.sync()  # an async save under way is the newest checkpoint once written
         path = manager.latest_checkpoint
         if path is None:
             raise NonFiniteLossError(

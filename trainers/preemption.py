@@ -51,6 +51,7 @@ class PreemptionWatcher:
         if self.received is None:
             return
         step = int(self.global_step.numpy())
+        self.manager.sync()  # an async save of this step shows in `latest_checkpoint` once written
         latest = self.manager.latest_checkpoint
         if not (latest and latest.endswith(f"-{step}")):
             latest = self.manager.save(checkpoint_number=step, check_interval=False)

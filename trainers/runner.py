@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 import orbit
+from absl import logging
 
 from orbitask.tasks import CallbackContext, keras_compat
 from orbitask.trainers import (
@@ -83,18 +84,37 @@ class ExperimentRunner:
         attached = self.progress.attached() if self.progress else contextlib.nullcontext()
         with self.preemption, attached:
             try:
-                return self._run_mode()
+                result = self._run_mode()
             except EarlyStop as stop:
                 step = int(self.global_step.numpy())
                 self.manager.save(checkpoint_number=step, check_interval=False)
                 print(f"orbitask: {stop}", flush=True)
                 self.results["early_stop"] = str(stop)
                 return self.results
+            except BaseException:  # SIGTERM (exit 75) and errors: the async write ends first
+                self._wait_for_saves(quietly=True)
+                raise
             finally:  # also on SIGTERM (exit 75) and errors: the kept train scalars
                 if self.profiler:
                     self.profiler.close()
                 self.train_summaries.write_pending()
                 self.train_summaries.flush()
+            self._wait_for_saves()
+            return result
+
+    def _wait_for_saves(self, quietly: bool = False) -> None:
+        """Waits for an async save under way. Eager; returns None.
+
+        Raises:
+          NoSpaceError: its write found the device full; with `quietly` (an error is already
+            on its way out) it is logged instead.
+        """
+        try:
+            self.manager.sync()
+        except Exception as e:
+            if not quietly:
+                raise
+            logging.error("the async checkpoint write failed too: %s", e)
 
     def build(self) -> None:
         """Builds every object of the run, in this order. Eager; returns None."""
@@ -125,6 +145,8 @@ class ExperimentRunner:
             wanted = distribution.cpu_devices
             settings.check_cpu_devices(wanted, len(logical_cpus(wanted)))
         strategy = build_strategy(distribution.strategy)
+        one_machine = not cluster.is_multi_worker(strategy)
+        settings.check_async_checkpoints(self.settings.checkpoints.asynchronous, one_machine)
         replicas = strategy.num_replicas_in_sync
         settings.check_replicas(replicas, loop.global_batch_size, loop.jit_compile)
         return strategy
@@ -216,6 +238,7 @@ class ExperimentRunner:
             self.train_input,
             self.callbacks.trackables(),
             extra_state,
+            asynchronous=self.settings.checkpoints.asynchronous,
         )
         if self.mode == "eval" and manager.latest_checkpoint is None:  # the chief's directory
             raise ConfigError(
@@ -311,6 +334,7 @@ class ExperimentRunner:
             checkpoint_interval=saves.interval,
             checkpoint_seconds=saves.seconds,
             save_at_completion=True,
+            enable_async_checkpointing=saves.asynchronous,
             on_loop=self.loop_length.observe,
             global_step=self.global_step,
             trainer=self.trainer if self.training else None,

@@ -87,12 +87,17 @@ class CheckpointSettings:
       input_positions: `keep_input_positions`: how many of the newest checkpoints keep a
         `tf.data` input's position (its iterator state, one file per worker, under
         `input/`); resuming from an older one restarts the input from its beginning.
+      asynchronous: `async_checkpoints`: the interval, time-rule and final saves copy the
+        values to host memory and return; a background thread writes the files while training
+        goes on. The next save, the end of the run, SIGTERM and an error wait for that write.
+        One machine only (not `multi_worker_mirrored` or `parameter_server`).
     """
 
     interval: int | None = None
     seconds: float | None = 600.0
     warm_start: Any = None
     input_positions: int = 3
+    asynchronous: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,6 +194,7 @@ _FLAT = {
             "checkpoint_seconds": "seconds",
             "warm_start": "warm_start",
             "keep_input_positions": "input_positions",
+            "async_checkpoints": "asynchronous",
         },
     ),
     "evaluation": (
@@ -244,6 +250,12 @@ def check(task: Any, model_dir: Any, mode: str, settings: Settings) -> None:
     for name, value in optional.items():
         check_positive(name, value, allow_none=True)
     check_seconds("checkpoint_seconds", settings.checkpoints.seconds)
+    if not isinstance(settings.checkpoints.asynchronous, bool):
+        raise ConfigError(
+            "`async_checkpoints` must be True or False; received "
+            f"{settings.checkpoints.asynchronous!r}. Set run_experiment.async_checkpoints in "
+            "your .gin file."
+        )
     if features.profile_steps is not None:
         profiling.check(features.profile_steps)
     check_seconds("loop_seconds", loop.loop_seconds)
@@ -302,6 +314,16 @@ def check_replicas(replicas: int, global_batch_size: int, jit_compile: bool) -> 
             f"`jit_compile=True` cannot run {replicas} replicas on logical CPU devices (XLA on "
             "CPU reaches only the first one). Set run_experiment.jit_compile = False or use "
             "strategy = 'one_device'."
+        )
+
+
+def check_async_checkpoints(asynchronous: bool, one_machine: bool) -> None:
+    """Raises ConfigError for async checkpoints under a strategy of several machines."""
+    if asynchronous and not one_machine:
+        raise ConfigError(
+            "`async_checkpoints=True` runs on one machine only (one_device, mirrored); "
+            "multi_worker_mirrored and parameter_server jobs save synchronously. Set "
+            "run_experiment.async_checkpoints = False for this job."
         )
 
 
