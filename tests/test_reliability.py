@@ -73,12 +73,14 @@ def test_a_seed_turns_on_op_determinism(tmp_path):
     assert lines == ["before True", "after False"], done.stdout[-2000:]
 
 
-def test_sigterm_saves_exits_75_and_resumes_exactly(tmp_path):
+@pytest.mark.parametrize("async_checkpoints", [False, True], ids=["sync", "async"])
+def test_sigterm_saves_exits_75_and_resumes_exactly(tmp_path, async_checkpoints):
+    extra = [f"orbitask.run_experiment.async_checkpoints={async_checkpoints}"]
     reference = tmp_path / "uninterrupted"
-    assert faults.run(faults.command(reference, 1, STEPS)).returncode == 0
+    assert faults.run(faults.command(reference, 1, STEPS, extra)).returncode == 0
 
     model_dir = tmp_path / "preempted"
-    cmd = faults.command(model_dir, 1, STEPS)
+    cmd = faults.command(model_dir, 1, STEPS, extra)
     proc, output = faults.kill_after_line(cmd, random.Random(3), sig=signal.SIGTERM)
     assert proc.returncode == 75, output[-2000:]
     assert "SIGTERM received: saved checkpoint" in output

@@ -250,6 +250,8 @@ def check(task: Any, model_dir: Any, mode: str, settings: Settings) -> None:
     for name, value in optional.items():
         check_positive(name, value, allow_none=True)
     check_seconds("checkpoint_seconds", settings.checkpoints.seconds)
+    multi_worker = settings.distribution.strategy in ("multi_worker_mirrored", "parameter_server")
+    check_async_checkpoints(settings.checkpoints.asynchronous, multi_worker)
     if not isinstance(settings.checkpoints.asynchronous, bool):
         raise ConfigError(
             "`async_checkpoints` must be True or False; received "
@@ -317,9 +319,9 @@ def check_replicas(replicas: int, global_batch_size: int, jit_compile: bool) -> 
         )
 
 
-def check_async_checkpoints(asynchronous: bool, one_machine: bool) -> None:
-    """Raises ConfigError for async checkpoints under a strategy of several machines."""
-    if asynchronous and not one_machine:
+def check_async_checkpoints(asynchronous: bool, multi_worker: bool) -> None:
+    """Raises ConfigError for async checkpoints under a strategy of several processes."""
+    if asynchronous and multi_worker:
         raise ConfigError(
             "`async_checkpoints=True` runs on one machine only (one_device, mirrored); "
             "multi_worker_mirrored and parameter_server jobs save synchronously. Set "
