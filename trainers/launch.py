@@ -15,15 +15,28 @@ process killed by a signal), after killing the other processes. With `--max_rest
 failed job is stopped and started again from its last checkpoint, up to K times. Under
 `parameter_server`, a dead worker does not stop the job (the coordinator carries on with the
 others); it is restarted in place while restarts remain.
+
+Loopback only: TensorFlow's gRPC servers listen on every interface (`0.0.0.0`, fixed in
+`grpc_server_lib.cc`) and its cluster runtime is unauthenticated, so the launcher first moves
+itself, and so every process it starts, into a new network namespace whose only interface is
+its own loopback (`unshare(CLONE_NEWNET)`; not root: with `CLONE_NEWUSER`, where user namespaces
+are allowed). No other process and no other machine reaches the job's ports; the job reaches no
+network either (a `gs://` model directory needs `--allow_open_ports`). When no namespace can be
+made the launcher stops with one line (exit 2); `--allow_open_ports` runs the job on this
+machine's network instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import errno
+import fcntl
 import json
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -31,6 +44,8 @@ import time
 
 EXIT_USAGE = 2
 GRACE_S = 60.0  # how long processes get to save and exit after a relayed SIGTERM
+CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 
 
 class UsageError(Exception):
@@ -47,7 +62,39 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, required=True, help="worker processes (N >= 1)")
     p.add_argument("--ps", type=int, default=0, help="parameter servers (0: multi-worker)")
     p.add_argument("--max_restarts", type=int, default=0, help="job restarts after a failure")
+    p.add_argument(
+        "--allow_open_ports",
+        action="store_true",
+        help="run on this machine's network (ports open on every interface) when the job "
+        "cannot have a loopback-only network namespace of its own",
+    )
     return p
+
+
+def loopback_only() -> None:
+    """Moves this process, and every process it starts from now on, into a new network
+    namespace with only a loopback interface, and brings that interface up.
+
+    Call it from the thread that starts the processes, before any of them starts.
+
+    Raises:
+      OSError: when the kernel refuses both a network namespace and a user + network one.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(CLONE_NEWNET) != 0:
+        first = ctypes.get_errno()
+        uid, gid = os.getuid(), os.getgid()  # read before: unmapped ids read as 65534 after
+        if first != errno.EPERM or libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0:
+            code = ctypes.get_errno() if first == errno.EPERM else first
+            raise OSError(code, f"unshare: {os.strerror(code)}")
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
+                           ("gid_map", f"{gid} {gid} 1")):  # fmt: skip
+            with open(f"/proc/self/{name}", "w") as f:
+                f.write(text)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        request = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(s, SIOCGIFFLAGS, request))[1]
+        fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
 
 
 def free_ports(n: int) -> list[int]:
@@ -249,8 +296,11 @@ class _NoWorkers(Exception):
         self.status = status
 
 
-def main(argv: list[str]) -> int:
-    """Runs `orbitask launch` on `argv` (without the program name); returns the exit status."""
+def main(argv: list[str], isolate=loopback_only) -> int:
+    """Runs `orbitask launch` on `argv` (without the program name); returns the exit status.
+
+    `isolate` gives the job its loopback-only network (`loopback_only`); it raises OSError when
+    it cannot."""
     split = argv.index("--") if "--" in argv else len(argv)
     own, train_argv = argv[:split], argv[split + 1 :]
     try:
@@ -264,6 +314,18 @@ def main(argv: list[str]) -> int:
     except UsageError as e:
         print(f"orbitask launch: error: {e}. See `orbitask launch --help`.", file=sys.stderr)
         return EXIT_USAGE
+    if not args.allow_open_ports:
+        try:
+            isolate()
+        except OSError as e:
+            print(
+                f"orbitask launch: error: cannot give the job a loopback-only network namespace "
+                f"({e.strerror or e}), and TensorFlow's workers listen on every interface, "
+                "unauthenticated. Run as root or where user namespaces are allowed, or pass "
+                "--allow_open_ports to run on this machine's network.",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
     return Launcher(args.workers, args.ps, args.max_restarts, train_argv).run()
 
 

@@ -1,0 +1,70 @@
+"""The local launcher's job listens on its own loopback only: TensorFlow's workers bind every
+interface, so the launcher runs them in a network namespace whose only interface is loopback."""
+
+import json
+import os
+import socket
+import time
+
+from orbitask.trainers import cli, launch
+from tests import launching
+
+
+def _listening(pid: int | str) -> set[int]:
+    """The TCP ports in LISTEN state in the network namespace of process `pid` ("self")."""
+    ports = set()
+    for name in ("tcp", "tcp6"):
+        with open(f"/proc/{pid}/net/{name}") as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                if state == "0A":
+                    ports.add(int(local.rsplit(":", 1)[1], 16))
+    return ports
+
+
+def _port(pid: int) -> int:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+    config = json.loads(env[b"TF_CONFIG"])
+    address = config["cluster"]["worker"][config["task"]["index"]]
+    return int(address.rsplit(":", 1)[1])
+
+
+def test_the_workers_ports_are_reachable_from_the_jobs_loopback_only(tmp_path):
+    flags = launching.train_flags(tmp_path / "model", 200)
+    proc = launching.start(["--workers", "2"], flags, tmp_path)
+    try:
+        pids = [launching.pid_of(tmp_path, f"worker {i}", proc) for i in range(2)]
+        ports = [_port(pid) for pid in pids]
+        deadline = time.monotonic() + 120
+        while not set(ports) <= _listening(pids[0]):  # each gRPC server is up
+            assert proc.poll() is None and time.monotonic() < deadline, launching.output(tmp_path)
+            time.sleep(0.1)
+        here = os.readlink("/proc/self/ns/net")
+        for pid in (proc.pid, *pids):
+            assert os.readlink(f"/proc/{pid}/ns/net") != here
+        assert not set(ports) & _listening("self")  # `ss -ltn` here does not show them
+        for port in ports:
+            with socket.socket() as s:
+                assert s.connect_ex(("127.0.0.1", port)) != 0
+        assert proc.wait(timeout=240) == 0, launching.output(tmp_path)[-3000:]
+    finally:
+        launching.stop(proc)
+    assert launching.latest_step(tmp_path / "model") == 200
+
+
+def test_without_a_namespace_the_launcher_stops_with_one_line(capsys):
+    def refused():
+        raise OSError(1, "Operation not permitted")
+
+    status = launch.main(["--workers", "2", "--", "--model_dir=unused"], isolate=refused)
+    assert status == launch.EXIT_USAGE
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "cannot give the job a loopback-only network namespace" in err
+    assert "--allow_open_ports" in err
+
+
+def test_allow_open_ports_is_a_launcher_flag(capsys):
+    assert cli.main(["launch", "--allow_open_ports", "--workers", "0", "--", "x"]) == 2
+    assert "--workers must be >= 1" in capsys.readouterr().err
