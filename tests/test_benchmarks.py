@@ -180,3 +180,15 @@ def test_input_positions_benchmark_prints_bytes_for_each_input_style():
     indexed = next(line for line in lines if line.startswith("| IndexedInput |"))
     assert int(indexed.split("|")[2].split()[0]) < 1024  # a few hundred bytes at most
     assert lines[-1].startswith("input CPU for 20 steps of 2 replicas: one process ")
+
+
+def test_checkpoint_stall_benchmark_prints_sync_and_async_stalls():
+    lines = _benchmark_lines("checkpoint_stall.py", "--quick")
+    assert any(line.startswith("checkpoint of ") for line in lines)
+    header = "| saves | stall per save, ms: median | max | final wait, ms | run wall, s |"
+    assert header in lines
+    rows = [line.split("|")[1:-1] for line in lines if line.startswith(("| sync |", "| async |"))]
+    assert [row[0].strip() for row in rows] == ["sync", "async"]
+    for row in rows:
+        assert all(float(cell) >= 0 for cell in row[1:])
+    assert lines[-1] == "Command: `.venv/bin/python benchmarks/checkpoint_stall.py --quick`"
