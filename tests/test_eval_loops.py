@@ -95,3 +95,32 @@ def test_a_mean_per_step_is_averaged_over_replicas_and_steps_alike(tmp_path, str
     device = _evaluate(MeanLoss(), tmp_path, strategy)
     host = _evaluate(MeanLossStepByStep(), tmp_path, strategy)
     assert device["loss"] == pytest.approx(host["loss"], rel=1e-6)
+
+
+class PerExample(Unsized):
+    """COCO-style: per-example losses gathered on the host, reduced once at the end."""
+
+    def validation_step(self, batch, model, metrics=None, *, loss_fn, lr):
+        x, y = batch
+        logits = model(x, training=False)
+        losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits)
+        return {"losses": losses}
+
+    def aggregate_logs(self, state, step_logs):
+        state = list(state or [])
+        step = np.concatenate([np.reshape(v, [-1]) for v in step_logs["losses"]])
+        self.step_sizes = [*getattr(self, "step_sizes", []), len(step)]
+        return state + list(step)
+
+    def reduce_aggregated_logs(self, aggregated_logs, global_step=None):
+        return {"count": float(len(aggregated_logs)), "mean": float(np.mean(aggregated_logs))}
+
+
+@pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
+def test_a_python_side_reduction_gets_every_examples_output(tmp_path, strategy):
+    task = PerExample()
+    gathered = _evaluate(task, tmp_path, strategy)
+    assert task.step_sizes == [16, 16, 16, 16, 16, 10]  # each step's outputs, the last partial
+    assert gathered["count"] == 90
+    summed = _evaluate(Unsized(), tmp_path, strategy)  # the same weights, reduced on the device
+    assert gathered["mean"] == pytest.approx(summed["loss"], rel=1e-5)

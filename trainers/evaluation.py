@@ -8,9 +8,10 @@ Hook order, as the Controller drives it::
         tf.while_loop, summing each log over replicas and steps on the device, until
         `num_steps` or the end of the dataset; the sums and the count of values are the
         state `tasks.eval_logs.aggregate` would have built
-      per-step (a task's own aggregate_logs / reduce_aggregated_logs, parameter server):
-        each step: logs = strategy.run(task.validation_step)     # tf.function
+      gathered (a task's own aggregate_logs / reduce_aggregated_logs): device loops of up to
+        100 steps return each step's per-replica logs; on the host, step by step:
                    state = task.aggregate_logs(state, per-replica logs)   # eager
+      per-step (parameter server): each step its own tf.function call, then aggregate_logs
       eval_end(state) = task.reduce_aggregated_logs(state) + metric results
 """
 
@@ -27,6 +28,7 @@ from orbitask.tasks.base import Task
 from orbitask.trainers.cluster import all_replica_values
 
 ALL_STEPS = 2**31 - 1  # a device loop's bound when evaluating to the end of the dataset
+GATHER_STEPS = 100  # steps per device loop whose logs a task's own aggregate_logs folds in
 
 
 class TaskEvaluator(orbit.StandardEvaluator):
@@ -59,8 +61,10 @@ class TaskEvaluator(orbit.StandardEvaluator):
         )
 
     def _evaluate(self, num_steps):
-        if not self.reduces_on_device():
+        if not self.device_eval_loop:
             return super().evaluate(num_steps)
+        if not self.reduces_on_device():
+            return self._evaluate_gathered(num_steps)
         self.eval_begin()
         iterator = iter(self.eval_dataset)
         if getattr(self, "_eval_device_fns", None) is None:
@@ -77,6 +81,55 @@ class TaskEvaluator(orbit.StandardEvaluator):
         state = {key: value.numpy() for key, value in sums.items()}
         state[eval_logs.VALUES] = int(steps.numpy() + 1) * self.strategy.num_replicas_in_sync
         return self.eval_end(state)
+
+    def _evaluate_gathered(self, num_steps):
+        """A task's own log reduction: device loops of up to `GATHER_STEPS` steps return every
+        step's per-replica logs, which are folded in by `eval_reduce` on the host, step by step."""
+        state = self.eval_begin()
+        iterator = iter(self.eval_dataset)
+        if getattr(self, "_eval_gather_fns", None) is None:
+            self._eval_gather_fns = (tf.function(self.eval_step), tf.function(self._gather_loop))
+        first, loop = self._eval_gather_fns
+        remaining = ALL_STEPS if int(num_steps) < 0 else int(num_steps)
+        while remaining > 0:
+            try:
+                outputs = first(iterator)
+            except (tf.errors.OutOfRangeError, StopIteration):
+                break
+            leaves = [tf.convert_to_tensor(v) for v in tf.nest.flatten(outputs)]
+            chunk = min(GATHER_STEPS, remaining)
+            steps, gathered, lengths = loop(iterator, leaves, tf.constant(chunk - 1))
+            steps = int(steps) + 1
+            for step_leaves in _per_step(leaves, gathered, lengths, steps):
+                state = self.eval_reduce(state, tf.nest.pack_sequence_as(outputs, step_leaves))
+            remaining -= steps
+            if steps < chunk:
+                break
+        return self.eval_end(state)
+
+    def _gather_loop(self, iterator, first: list, limit: tf.Tensor):
+        """Up to `limit` more steps after the one that gave `first` (its flat logs), to the end
+        of the dataset; returns the steps taken and, for each leaf, its values stacked (scalars)
+        or concatenated along axis 0, with each step's length (traced)."""
+        arrays = [_array(v.dtype).write(0, v) for v in first]
+        lengths = [_array(tf.int32).write(0, _length(v)) for v in first]
+        steps = tf.constant(0)
+        for _ in tf.range(limit):
+            batch = iterator.get_next_as_optional()
+            if not batch.has_value():
+                break
+            logs = self.strategy.run(self._replica_eval_step, args=(batch.get_value(),))
+            values = tf.nest.flatten(
+                tf.nest.map_structure(lambda v: all_replica_values(self.strategy, v), logs)
+            )
+            arrays = [a.write(steps + 1, v) for a, v in zip(arrays, values, strict=True)]
+            lengths = [n.write(steps + 1, _length(v)) for n, v in zip(lengths, values, strict=True)]
+            steps += 1
+        gathered = [
+            a.stack() if v.shape.rank == 0 else a.concat()
+            for a, v in zip(arrays, first, strict=True)
+        ]
+        return steps, gathered, [n.stack() for n in lengths]
 
     def _step_sums(self, batch) -> dict:
         """One step's logs summed over replicas, as float64 (traced, cross-replica)."""
@@ -132,6 +185,27 @@ class TaskEvaluator(orbit.StandardEvaluator):
         for metric in self.eval_metrics:
             logs[metric.name] = to_python(metric.result())
         return logs
+
+
+def _array(dtype) -> tf.TensorArray:
+    return tf.TensorArray(dtype, size=0, dynamic_size=True, infer_shape=False)
+
+
+def _length(value: tf.Tensor) -> tf.Tensor:
+    return tf.shape(value)[0] if value.shape.rank else tf.constant(1)
+
+
+def _per_step(first: list, gathered: list, lengths: list, steps: int):
+    """Yields each step's flat logs (NumPy) from `_gather_loop`'s output. Eager."""
+    columns = []
+    for leaf, values, sizes in zip(first, gathered, lengths, strict=True):
+        values = values.numpy()
+        if leaf.shape.rank == 0:
+            columns.append(list(values))
+        else:
+            columns.append(np.split(values, np.cumsum(sizes.numpy())[:-1]))
+    for step in range(steps):
+        yield [column[step] for column in columns]
 
 
 def to_python(value: Any) -> Any:
