@@ -161,12 +161,14 @@ def test_loop_length_benchmark_times_short_and_long_loops_on_one_iterator():
 def test_eval_cost_benchmark_prints_orbitask_against_keras_evaluate():
     lines = _benchmark_lines("eval_cost.py", "--quick", "--workloads", "mlp")
     assert lines[0].startswith("| workload | orbitask ms/step | Keras spe=1 | Keras spe=50 |")
+    assert lines[0].endswith("| orbitask, own aggregate_logs |")
     cells = [c.strip() for c in lines[2].strip("|").split("|")]
     # Figures only: a quick run's per-step difference (50 steps) is within this machine's noise
     # and may come out at or below zero; the full run is what RESULTS.md reports.
     assert cells[0] == "mlp" and all(math.isfinite(float(c)) for c in cells[1:4])
     ratio, vs, best = cells[4].split()
     assert math.isfinite(float(ratio)) and vs == "(vs" and best in ("keras1)", "keras50)")
+    assert math.isfinite(float(cells[5]))
 
 
 def test_input_positions_benchmark_prints_bytes_for_each_input_style():

@@ -124,3 +124,28 @@ def test_a_python_side_reduction_gets_every_examples_output(tmp_path, strategy):
     assert gathered["count"] == 90
     summed = _evaluate(Unsized(), tmp_path, strategy)  # the same weights, reduced on the device
     assert gathered["mean"] == pytest.approx(summed["loss"], rel=1e-5)
+
+
+class Counted(PerExample):
+    """Counts validation steps on the device; `aggregate_logs` records the count it sees."""
+
+    def build_metrics(self, training=True):
+        if not training:
+            self.ran = tf.Variable(0, trainable=False)
+        return super().build_metrics(training)
+
+    def validation_step(self, batch, model, metrics=None, *, loss_fn, lr):
+        with tf.control_dependencies([self.ran.assign_add(1)]):
+            return super().validation_step(batch, model, metrics, loss_fn=loss_fn, lr=lr)
+
+    def aggregate_logs(self, state, step_logs):
+        self.seen_when_folding = [*getattr(self, "seen_when_folding", []), int(self.ran.numpy())]
+        return super().aggregate_logs(state, step_logs)
+
+
+def test_a_python_side_reduction_gets_a_whole_device_loop_at_once(tmp_path):
+    """The steps run in one device loop before the host folds in the first one's outputs."""
+    task = Counted()
+    _evaluate(task, tmp_path, "one_device")
+    assert task.seen_when_folding[-6:] == [task.seen_when_folding[-1]] * 6
+    assert task.seen_when_folding[-1] % 6 == 0
