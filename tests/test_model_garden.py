@@ -255,9 +255,7 @@ def test_batches_that_ignore_the_input_context_are_one_line(tmp_path):
 def test_features_a_model_garden_step_cannot_serve_name_the_guide(tmp_path, setting):
     name = next(iter(setting))
     with pytest.raises(ConfigError, match=rf"run_experiment.{name} .*\({GUIDE}\)\.\n"):
-        run_experiment(
-            Classifier(), str(tmp_path), train_steps=2, global_batch_size=8, **setting
-        )
+        run_experiment(Classifier(), str(tmp_path), train_steps=2, global_batch_size=8, **setting)
     with pytest.raises(ConfigError, match=rf"is a Model Garden task; .*\({GUIDE}\)"):
         MultiTask(tasks={"digits": Classifier()})
 
@@ -306,7 +304,7 @@ class Ported(TinyTask):
             outputs = model(features, training=True)
             loss = loss_fn((outputs, labels)) / global_batch_size
         grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         self.process_metrics(metrics, labels, outputs)
         return {self.loss: loss * replicas}
 
