@@ -13,6 +13,7 @@ __all__, __getattr__, __dir__ = exports(
         "DigitsGAN": "orbitask.tasks.digits_gan",
         "DigitsParity": "orbitask.tasks.digits_parity",
         "IndexedInput": "orbitask.tasks.indexed_input",
+        "ModelGardenTask": "orbitask.tasks.model_garden",
         "MultiTask": "orbitask.tasks.multi_task",
         "print_loss": "orbitask.tasks.callbacks",
         "print_step": "orbitask.tasks.callbacks",

@@ -11,7 +11,7 @@ Default `train_step`, per replica, inside `strategy.run` under `tf.function`::
     loss = loss_fn(loss_input)
     loss_per_batch, extra_loss, trainable_vars = grad_pre(loss, outputs, batch, model, loss_fn, lr)
     scaled = loss_per_batch / global_batch_size + extra_loss / num_replicas
-    process_metrics(metrics, batch, outputs)
+    process_metrics(metrics, labels, outputs)       # labels: gt of an (inputs, gt) batch
     gradients = all_reduce_sum(d scaled / d trainable_vars)
     update_gradients, display_gradients = update_pre(gradients, loss, outputs, batch, model,
                                                      loss_fn, lr, optimizer)
@@ -41,11 +41,20 @@ def _batch_size(tree: Any) -> tf.Tensor:
     return tf.shape(tf.nest.flatten(tree)[0])[0]
 
 
+def labels_of(batch: Any) -> Any:
+    """Returns a batch's labels: `gt` of an `(inputs, gt)` pair, else the batch itself (Model
+    Garden's rule in `base_task.Task.train_step`). Eager or traced."""
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        return batch[1]
+    return batch
+
+
 @gin.configurable("Task", module="orbitask")
 class Task:
     """Base class of every orbitask task. Subclass it and override what is unusual.
 
     Required: `build_inputs`, `build_model`, `build_losses`. Everything else has the seed's default.
+    `loss` (class attribute, "loss" as in Model Garden) is the key of the loss in the step logs.
 
     Args:
       clip_norm: global-norm clipping of the all-reduced gradient in the default `update_pre`
@@ -62,6 +71,8 @@ class Task:
         sizes: no bound).
       name: a name for logs.
     """
+
+    loss = "loss"  # the loss's key in train and validation logs (Model Garden's `Task.loss`)
 
     def __init__(
         self,
@@ -150,6 +161,12 @@ class Task:
         del training
         return []
 
+    def initialize(self, model: Any) -> None:
+        """Prepares the built model of a fresh run, e.g. loads pretrained weights (Model Garden's
+        `initialize`); not called on a resumed run. Eager, once, after the checkpoint is built and
+        before `run_experiment.warm_start`; returns None. Default: nothing."""
+        del model
+
     # Step stages: traced by tf.function, run per replica inside `strategy.run`.
 
     def input_pre(self, batch: Any, lr: Any) -> Any:
@@ -188,16 +205,16 @@ class Task:
         del loss, outputs, batch, model, loss_fn, lr, optimizer
         return gradients_lib.zero_nans_and_clip(gradients, self.clip_norm)
 
-    def process_metrics(self, metrics: list, batch: Any, outputs: Any) -> None:
-        """Updates each metric with `(gt, outputs)` of an `(inputs, gt)` batch; returns None.
+    def process_metrics(self, metrics: list, labels: Any, model_outputs: Any, **kwargs) -> None:
+        """Updates each metric with `(labels, model_outputs)`; returns None (Model Garden's
+        signature: a ported `train_step` may call `self.process_metrics(metrics, labels, outputs)`).
 
-        Traced by tf.function, per replica, in the train and validation steps.
+        Traced by tf.function, per replica. The default steps pass `labels_of(batch)`: the `gt`
+        that the default `loss_pre` takes from an `(inputs, gt)` batch.
         """
-        if not metrics:
-            return
-        _, gt = batch
-        for metric in metrics:
-            metric.update_state(gt, outputs)
+        del kwargs
+        for metric in metrics or []:
+            metric.update_state(labels, model_outputs)
 
     # Steps: per replica, inside `strategy.run`, under tf.function.
 
@@ -288,7 +305,7 @@ class Task:
             gradients, aux["loss"], aux["outputs"], part, model, loss_fn, lr, optimizer
         )
         logs = {
-            "loss": scaled_sum * float(replicas) if replicas > 1 else scaled_sum,
+            self.loss: scaled_sum * float(replicas) if replicas > 1 else scaled_sum,
             "grad_norm": gradients_lib.global_norm(display),
         }
         if finite is not None:
@@ -336,7 +353,7 @@ class Task:
         gradients = tape.gradient(target, trainable_vars)
         if loss_scale is not None:  # mixed_float16: scale the gradients back down
             gradients = gradients_lib.unscale(gradients, loss_scale)
-        self.process_metrics(metrics, batch, outputs)
+        self.process_metrics(metrics, labels_of(batch), outputs)
         return gradients, trainable_vars, {"loss": loss, "outputs": outputs, "scaled_loss": scaled}
 
     def validation_step(
@@ -350,9 +367,9 @@ class Task:
         inputs = self.input_pre(batch, lr)
         outputs = model(inputs, training=False)
         loss = loss_fn(self.loss_pre(outputs, batch, model, lr))
-        self.process_metrics(metrics, batch, outputs)
+        self.process_metrics(metrics, labels_of(batch), outputs)
         return {
-            "loss": tf.cast(gradients_lib.batch_sum(loss), tf.float32),
+            self.loss: tf.cast(gradients_lib.batch_sum(loss), tf.float32),
             "num_examples": tf.cast(_batch_size(inputs), tf.float32),
         }
 

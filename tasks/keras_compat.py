@@ -42,24 +42,27 @@ def model_flavour(model: Any) -> str | None:
 def optimizer_flavour(optimizer: Any) -> str | None:
     """Returns "keras" or "tf_keras" for a Keras optimizer, else None (e.g. a plain tf.Module)."""
     inner = getattr(optimizer, "inner_optimizer", None)  # LossScaleOptimizer wrappers.
-    if isinstance(optimizer, tf_keras.optimizers.Optimizer) or isinstance(
-        inner, tf_keras.optimizers.Optimizer
-    ):
+    tf_keras_kinds = (tf_keras.optimizers.Optimizer, tf_keras.optimizers.legacy.Optimizer)
+    if isinstance(optimizer, tf_keras_kinds) or isinstance(inner, tf_keras_kinds):
         return TF_KERAS
     if isinstance(optimizer, keras.optimizers.Optimizer):
         return KERAS3
     return None
 
 
-def nadam(learning_rate: float, epsilon: float, flavour: str) -> Any:
-    """The seed's default optimizer, `Nadam(learning_rate, epsilon)`, from the given flavour."""
+def nadam(
+    learning_rate: float, epsilon: float, flavour: str, global_clipnorm: float | None = None
+) -> Any:
+    """The seed's default optimizer, `Nadam(learning_rate, epsilon)`, from the given flavour;
+    with `global_clipnorm`, clipping in `apply_gradients` too. Eager; returns it."""
     if flavour not in FLAVOURS:
         raise ConfigError(
             f"`keras_flavour` must be one of {FLAVOURS}; received {flavour!r}. "
             "Set it on your Task or leave it None to follow the model."
         )
     module = tf_keras if flavour == TF_KERAS else keras
-    return module.optimizers.Nadam(learning_rate=learning_rate, epsilon=epsilon)
+    clipping = {} if global_clipnorm is None else {"global_clipnorm": global_clipnorm}
+    return module.optimizers.Nadam(learning_rate=learning_rate, epsilon=epsilon, **clipping)
 
 
 def check_matching(model: Any, optimizer: Any) -> None:
@@ -128,6 +131,9 @@ def learning_rate_variable(optimizer: Any) -> Any:
     if isinstance(optimizer, dict):
         return {key: learning_rate_variable(value) for key, value in optimizer.items()}
     inner = getattr(optimizer, "inner_optimizer", optimizer)
+    if isinstance(inner, tf_keras.optimizers.legacy.Optimizer):  # Model Garden's default kind
+        lr = inner.learning_rate  # creates its hyperparameter variables, once, where first read
+        return lr if isinstance(lr, tf.Variable) else None
     lr = getattr(inner, "_learning_rate", None)
     if isinstance(lr, tf.Variable) or isinstance(lr, keras.Variable):
         return lr
@@ -151,12 +157,13 @@ def sync_learning_rate(optimizer: Any, lr: Any) -> None:
 def apply_gradients(optimizer: Any, gradients: list, variables: list) -> None:
     """Applies gradients that are already summed over replicas, exactly once.
 
-    Runs inside `strategy.run` (replica context, under tf.function). tf_keras is told to skip its
-    own all-reduce; Keras 3 always sums over replicas, so it receives `g / num_replicas`.
+    Runs inside `strategy.run` (replica context, under tf.function). tf_keras (legacy optimizers
+    included) is told to skip its own all-reduce; Keras 3 always sums over replicas, so it
+    receives `g / num_replicas`.
     """
     pairs = [(g, v) for g, v in zip(gradients, variables, strict=True) if g is not None]
     if optimizer_flavour(optimizer) == TF_KERAS:
-        optimizer.apply_gradients(pairs, skip_gradients_aggregation=True)
+        optimizer.apply_gradients(pairs, experimental_aggregate_gradients=False)
         return
     replicas = tf.distribute.get_replica_context().num_replicas_in_sync
     if replicas > 1:

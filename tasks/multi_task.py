@@ -31,9 +31,10 @@ import tensorflow as tf
 import tf_keras
 
 from orbitask.tasks import keras_compat
-from orbitask.tasks.base import Task
+from orbitask.tasks.base import Task, labels_of
 from orbitask.tasks.errors import ConfigError
 from orbitask.tasks.indexed_input import IndexedInput
+from orbitask.tasks.model_garden import GUIDE, is_model_garden_task
 
 SHARING = ("shared", "trunk", "separate")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -251,16 +252,21 @@ class MultiTask(Task):
             for name, value in batch.items()
         }
 
-    def process_metrics(self, metrics, batch, outputs) -> None:
-        """Updates each task's metrics with that task's batch and outputs; returns None. Traced."""
+    def process_metrics(self, metrics, labels, model_outputs, **kwargs) -> None:
+        """Updates each task's metrics with that task's labels and outputs; returns None. Traced.
+
+        `labels` is the whole `{task: batch}` dict (not a pair: `labels_of` keeps it whole).
+        """
+        del kwargs
         by_task: dict[str, list] = {}
         for metric in metrics or []:
             owner = self._metric_owner.get(id(metric))
             if owner is not None and owner[1] is metric:
                 by_task.setdefault(owner[0], []).append(metric)
         for name, group in by_task.items():
-            if name in batch:
-                self.tasks[name].process_metrics(group, batch[name], outputs[name])
+            if name in labels:
+                task = self.tasks[name]
+                task.process_metrics(group, labels_of(labels[name]), model_outputs[name])
 
     # ---------------------------------------------------------------------------------- steps
 
@@ -308,7 +314,7 @@ class MultiTask(Task):
         """
         outputs = model(self.input_pre(batch, lr), training=False)
         per_task = loss_fn.per_task(self.loss_pre(outputs, batch, model, lr))
-        self.process_metrics(metrics, batch, outputs)
+        self.process_metrics(metrics, labels_of(batch), outputs)
         logs = {}
         for name, loss in per_task.items():
             logs[f"loss/{name}"] = loss
@@ -342,6 +348,11 @@ def _named_tasks(tasks: Any) -> dict[str, Task]:
         if not isinstance(name, str) or not _NAME.match(name):
             raise ConfigError(
                 f"MultiTask task names must be identifiers (letters, digits, _); received {name!r}."
+            )
+        if is_model_garden_task(task):
+            raise ConfigError(
+                f"`MultiTask.tasks[{name!r}]` is a Model Garden task; MultiTask combines the "
+                f"stages of orbitask Tasks: port it ({GUIDE}) or train it alone."
             )
         if not isinstance(task, Task):
             raise ConfigError(

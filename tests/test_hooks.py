@@ -73,6 +73,34 @@ def test_recording_task_sees_builders_then_stages_in_order(tmp_path):
     assert "validation_step" in events[first_step + 6 :]
 
 
+def test_default_steps_give_process_metrics_the_labels(tmp_path):
+    """Model Garden's signature: `process_metrics(metrics, labels, model_outputs)`, where the
+    default train and validation steps pass the `gt` of the `(inputs, gt)` batch."""
+
+    class Seen(TinyTask):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.seen = []
+
+        def process_metrics(self, metrics, labels, model_outputs, **kwargs):
+            self.seen.append((labels.dtype, labels.shape.as_list(), model_outputs.shape.as_list()))
+            super().process_metrics(metrics, labels, model_outputs, **kwargs)
+
+    task = Seen()
+    logs = run_experiment(
+        task,
+        str(tmp_path),
+        mode="train_and_eval",
+        train_steps=2,
+        global_batch_size=8,
+        eval_interval=2,
+        progress=False,
+    )
+    assert (tf.int32, [8], [8, 3]) in task.seen  # the train step's trace
+    assert all(dtype == tf.int32 and len(shape) == 1 for dtype, shape, _ in task.seen)
+    assert 0.0 <= logs["train"]["accuracy"] <= 1.0 and 0.0 <= logs["eval"]["accuracy"] <= 1.0
+
+
 class Callbacks(TinyTask):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)

@@ -49,7 +49,8 @@ def run_experiment(
     `runner.ExperimentRunner`'s; the arguments are gin's `orbitask.run_experiment.*` bindings.
 
     Args:
-      task: an `orbitask.Task`.
+      task: an `orbitask.Task`, or a Model Garden `official.core.base_task.Task` as it is
+        (wrapped in `orbitask.ModelGardenTask`; docs/porting_from_model_garden.md).
       model_dir: checkpoints go here, summaries under `train/` and `eval/`.
       mode: "train", "eval", "train_and_eval" or "continuous_eval".
       **settings: every other argument is a field of one group in `settings` and is documented

@@ -14,7 +14,7 @@ from typing import Any
 import orbit
 from absl import logging
 
-from orbitask.tasks import CallbackContext, keras_compat
+from orbitask.tasks import CallbackContext, keras_compat, model_garden
 from orbitask.trainers import (
     checkpoints,
     cluster,
@@ -49,7 +49,8 @@ class ExperimentRunner:
     """Builds every object of a run, whole and in order, then runs one mode. Eager.
 
     Args:
-      task: an `orbitask.Task`.
+      task: an `orbitask.Task`, or a Model Garden `base_task.Task` (run through
+        `tasks.model_garden.ModelGardenTask`).
       model_dir: checkpoints go here, summaries under `train/` and `eval/`.
       mode: "train", "eval", "train_and_eval" or "continuous_eval".
       settings: the run's `settings.Settings`.
@@ -59,6 +60,7 @@ class ExperimentRunner:
     """
 
     def __init__(self, task: Any, model_dir: str, mode: str, settings: Settings):
+        task = model_garden.adapt(task)  # a Model Garden task runs as it is
         check_settings(task, model_dir, mode, settings)
         self.task = task
         self.model_dir = model_dir
@@ -79,8 +81,10 @@ class ExperimentRunner:
 
     def _run(self) -> dict:
         warm_start = self.settings.checkpoints.warm_start
-        if warm_start is not None and self.manager.latest_checkpoint is None:
-            warm_start.apply(self.model)  # fresh run only: a resumed run keeps its own weights
+        if self.manager.latest_checkpoint is None:  # fresh run only: a resumed run keeps its own
+            self.task.initialize(self.model)
+            if warm_start is not None:
+                warm_start.apply(self.model)
         attached = self.progress.attached() if self.progress else contextlib.nullcontext()
         with self.preemption, attached:
             try:

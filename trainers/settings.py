@@ -9,6 +9,7 @@ from typing import Any
 import gin
 
 from orbitask.tasks import Task
+from orbitask.tasks.model_garden import GUIDE, ModelGardenTask
 from orbitask.trainers import profiling
 from orbitask.trainers.errors import ConfigError
 
@@ -267,6 +268,8 @@ def check(task: Any, model_dir: Any, mode: str, settings: Settings) -> None:
             f"{features.mixed_precision!r}. Set run_experiment.mixed_precision in your .gin file."
         )
     _check_default_step(task, features.mixed_precision == "mixed_float16", loop)
+    if isinstance(task, ModelGardenTask):
+        task.check_global_batch_size(loop.global_batch_size)
     if getattr(task, "replica_logs", "mean") not in ("mean", "sum"):
         raise ConfigError(
             f"`{type(task).__name__}.replica_logs` must be 'mean' or 'sum'; received "
@@ -280,6 +283,10 @@ def _check_default_step(task: Any, float16: bool, loop: LoopSettings) -> None:
     if type(task).train_step is Task.train_step:
         return
     name = type(task).__name__
+    if isinstance(task, ModelGardenTask):
+        feature = "mixed_precision" if float16 else "gradient_accumulation_steps"
+        if float16 or loop.gradient_accumulation_steps > 1:
+            raise ConfigError(_model_garden_refusal(task, feature))
     if float16:
         raise ConfigError(
             f"mixed_float16 loss scaling needs the default train_step, but "
@@ -331,9 +338,19 @@ def check_async_checkpoints(asynchronous: bool, multi_worker: bool) -> None:
 
 def check_nan_guard_step(task: Any) -> None:
     """Raises ValueError when `task` overrides `train_step`, which the NaN guard needs."""
+    if isinstance(task, ModelGardenTask):
+        raise ConfigError(_model_garden_refusal(task, "nan_guard"))
     if type(task).train_step is not Task.train_step:
         raise ConfigError(
             f"NanGuard needs the default train_step, but {type(task).__name__} "
             "overrides it; remove run_experiment.nan_guard or skip non-finite steps "
             "in your train_step."
         )
+
+
+def _model_garden_refusal(task: ModelGardenTask, feature: str) -> str:
+    return (
+        f"run_experiment.{feature} needs orbitask's default train_step, and the Model Garden "
+        f"task {task.name} applies its gradients in its own; unset it (or use mixed_bfloat16, "
+        f"which needs no loss scaling), or port the task to orbitask's stages ({GUIDE})."
+    )

@@ -162,8 +162,9 @@ class GuardedBody:
             pairs = enumerate(zip(update, variables, strict=True))
             held["pairs"] = [(i, v) for i, (g, v) in pairs if g is not None]
             logs = dict(logs)
+            loss = logs[self.update.objects.task.loss]
             logs["nonfinite"] = tf.cast(
-                tf.logical_not(tf.reduce_all(tf.math.is_finite(logs["loss"]))), tf.float32
+                tf.logical_not(tf.reduce_all(tf.math.is_finite(loss))), tf.float32
             )
             logs.setdefault("nonfinite_gradients", tf.constant(0.0))
             return [update[i] for i, _ in held["pairs"]], logs

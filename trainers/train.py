@@ -131,10 +131,12 @@ def build_task():
     if task is gin.REQUIRED:
         raise ConfigError("no task: set TASK = @YourTask() in your experiment's .gin file")
     from orbitask.tasks import Task
+    from orbitask.tasks.model_garden import is_model_garden_task
 
-    if not isinstance(task, Task):
+    if not isinstance(task, Task) and not is_model_garden_task(task):
         raise ConfigError(
-            f"TASK must be a tasks.Task instance, e.g. TASK = @YourTask(); received {task!r} "
+            f"TASK must be a tasks.Task instance (or a Model Garden base_task.Task), e.g. "
+            f"TASK = @YourTask(); received {task!r} "
             f"of type {type(task).__name__}. Fix TASK in your experiment's .gin file."
         )
     return task
