@@ -86,7 +86,7 @@ class ModelGardenTask(Task):
     def __new__(cls, task: Any = None, *args: Any, **kwargs: Any):
         del args, kwargs
         if cls is ModelGardenTask and is_model_garden_task(task) and _own_log_reduction(task):
-            cls = ModelGardenTaskWithLogs  # its aggregate_logs runs on the host, step by step
+            cls = ModelGardenTaskWithLogs  # its aggregate_logs runs on the host
         return super().__new__(cls)
 
     def __init__(self, task: Any, experiment: Any = None, **task_kwargs: Any):
@@ -234,7 +234,7 @@ _TASK, _SUM, _COUNT = "task", "loss_sum", "loss_count"
 
 class ModelGardenTaskWithLogs(ModelGardenTask):
     """A `ModelGardenTask` whose task has its own `aggregate_logs` / `reduce_aggregated_logs`:
-    evaluation runs step by step, as in Model Garden. `ModelGardenTask(task)` picks it."""
+    each step's outputs reach them, as in Model Garden. `ModelGardenTask(task)` picks it."""
 
     def validation_step(
         self, batch: Any, model: Any, metrics: list | None = None, *, loss_fn: Any, lr: Any

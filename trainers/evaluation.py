@@ -196,7 +196,8 @@ def _length(value: tf.Tensor) -> tf.Tensor:
 
 
 def _per_step(first: list, gathered: list, lengths: list, steps: int):
-    """Yields each step's flat logs (NumPy) from `_gather_loop`'s output. Eager."""
+    """Yields each step's flat logs from `_gather_loop`'s output, as eager tensors (what a
+    step-by-step evaluation hands `aggregate_logs`; Model Garden's call `.numpy()`). Eager."""
     columns = []
     for leaf, values, sizes in zip(first, gathered, lengths, strict=True):
         values = values.numpy()
@@ -205,7 +206,7 @@ def _per_step(first: list, gathered: list, lengths: list, steps: int):
         else:
             columns.append(np.split(values, np.cumsum(sizes.numpy())[:-1]))
     for step in range(steps):
-        yield [column[step] for column in columns]
+        yield [tf.constant(column[step]) for column in columns]
 
 
 def to_python(value: Any) -> Any:
