@@ -171,6 +171,22 @@ def apply_gradients(optimizer: Any, gradients: list, variables: list) -> None:
     optimizer.apply_gradients(pairs)
 
 
+def reset_trace_state(optimizer: Any) -> None:
+    """Sets the Python counter tf_keras' Nadam keeps across traces back to its value after
+    `build`, so that every trace of a step holds the same update (one or a dict of optimizers).
+
+    Call at trace time, before the step's `apply_gradients`. tf_keras' Nadam compares a Python
+    int (`_u_product_counter`, one more per traced variable update) with the step inside its
+    graph; left alone, a step traced first in a device loop and one traced in its body would
+    update `_u_product` differently, and a run restarted at another step would not be
+    bit-identical to an uninterrupted one. Keras 3's Nadam keeps no such counter.
+    """
+    for each in optimizer.values() if isinstance(optimizer, dict) else [optimizer]:
+        inner = getattr(each, "inner_optimizer", each)  # LossScaleOptimizer wrappers
+        if hasattr(inner, "_u_product_counter"):
+            inner._u_product_counter = 1  # noqa: SLF001
+
+
 def rename_metric(metric: Any, name: str) -> None:
     """Renames a Keras metric of either flavour. Eager; returns None.
 

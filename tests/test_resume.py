@@ -89,3 +89,30 @@ def test_plain_tensorflow_restores_the_model_from_train_model(tmp_path):
     fresh = TinyTask().build_model()
     pairs = zip(restored.weights, fresh.weights, strict=True)
     assert any(not np.array_equal(a, b) for a, b in pairs)  # the trained weights, not the initial
+
+
+@pytest.mark.parametrize("stop_at", [1, 2, 3, 4, 5, 6])
+def test_a_restart_in_the_first_steps_is_bit_identical_with_tf_keras_nadam(tmp_path, stop_at):
+    """tf_keras' Nadam keeps a Python counter in its traced update; a step traced first in a
+    device loop and one traced in its body must still build the same update."""
+
+    def run(model_dir, steps):
+        run_experiment(
+            TinyTask(shuffle=True, flavour="tf_keras"),
+            str(model_dir),
+            mode="train",
+            train_steps=steps,
+            global_batch_size=8,
+            steps_per_loop=4,
+            loop_seconds=None,
+            progress=False,
+        )
+
+    run(tmp_path / "full", 12)
+    run(tmp_path / "split", stop_at)
+    run(tmp_path / "split", 12)
+    a, b = _state(tmp_path / "full"), _state(tmp_path / "split")
+    assert any("_u_product" in name for name in a)  # the default optimizer is tf_keras' Nadam
+    for name in a:
+        if name not in ("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter/.ATTRIBUTES/VARIABLE_VALUE"):
+            np.testing.assert_array_equal(b[name], a[name], err_msg=name)

@@ -263,6 +263,7 @@ class TrainStep:
 
     def __call__(self, iterator) -> dict:
         """Traced, cross-replica: runs one step on the next batches; returns its mean logs."""
+        keras_compat.reset_trace_state(self.objects.optimizer)
         batch = self.batches(iterator)
         if self.schedule is not None:
             self.schedule.step_update(self.objects.global_step, self.objects.optimizer)
