@@ -7,8 +7,10 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from typing import NamedTuple
 
 import gin
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -51,21 +53,29 @@ PLAIN_TF = textwrap.dedent(
     import numpy as np
     import tensorflow as tf
 
-    results = {}
-    for i, (path, inputs) in enumerate(json.load(open(sys.argv[1]))):
+    results = []
+    for path, inputs in json.load(open(sys.argv[1])):
         serve = tf.saved_model.load(path).signatures["serving_default"]
         kwargs = {k: tf.constant(np.asarray(v, np.float32)) for k, v in inputs.items()}
-        for name, value in serve(**kwargs).items():
-            results[f"{i}/{name}"] = value.numpy().tolist()
+        outputs = {name: value.numpy().tolist() for name, value in serve(**kwargs).items()}
+        specs = serve.structured_input_signature[1]
+        shapes = {name: spec.shape.as_list() for name, spec in specs.items()}
+        results.append({"outputs": outputs, "input_shapes": shapes})
     assert not [m for m in sys.modules if m.split(".")[0] == "orbitask"], "orbitask was imported"
     print(json.dumps(results))
     """
 )
 
 
-def plain_tf_predict(tmp_path, calls):
-    """`[(saved model folder, {input name: array})]` -> `[{output name: array}]`, computed in a
-    fresh Python process that cannot import orbitask."""
+class Served(NamedTuple):
+    outputs: dict  # output name -> array
+    input_shapes: dict  # the signature's input name -> shape (None: any size)
+
+
+def plain_tf_predict(tmp_path, calls) -> list[Served]:
+    """`[(saved model folder, {input name: array})]` -> what each serving_default signature
+    returned and its input shapes, computed in a fresh Python process that cannot import
+    orbitask."""
     spec = tmp_path / "calls.json"
     spec.write_text(json.dumps([(str(p), {k: v.tolist() for k, v in x.items()}) for p, x in calls]))
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
@@ -79,12 +89,10 @@ def plain_tf_predict(tmp_path, calls):
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    flat = json.loads(result.stdout.splitlines()[-1])
-    outputs = [{} for _ in calls]
-    for key, value in flat.items():
-        i, name = key.split("/", 1)
-        outputs[int(i)][name] = np.array(value, np.float32)
-    return outputs
+    return [
+        Served({k: np.array(v, np.float32) for k, v in r["outputs"].items()}, r["input_shapes"])
+        for r in json.loads(result.stdout.splitlines()[-1])
+    ]
 
 
 def restored(model, path):
@@ -118,9 +126,10 @@ def test_export_command_writes_the_latest_checkpoints_model(tmp_path, capsys, fl
     (served,) = plain_tf_predict(tmp_path, [(run / "export" / "6", {"inputs": X})])
     task = ExportTinyTask(flavour=flavour)
     trained = restored(task.build_model(), tf.train.latest_checkpoint(str(run)))
-    assert list(served) == ["outputs"]
-    np.testing.assert_allclose(served["outputs"], trained(X).numpy(), rtol=1e-5, atol=1e-6)
-    assert not np.allclose(served["outputs"], task.build_model()(X).numpy(), atol=1e-3)
+    assert served.input_shapes == {"inputs": [None, 6]} and list(served.outputs) == ["outputs"]
+    outputs = served.outputs["outputs"]
+    np.testing.assert_allclose(outputs, trained(X).numpy(), rtol=1e-5, atol=1e-6)
+    assert not np.allclose(outputs, task.build_model()(X).numpy(), atol=1e-3)
 
 
 @pytest.mark.parametrize(
@@ -145,7 +154,8 @@ def test_export_at_end_writes_the_trained_model(tmp_path, flavour, strategy):
     folder = tmp_path / "run" / "export" / "6"
     assert logs["export"] == str(folder)
     (served,) = plain_tf_predict(tmp_path, [(folder, {"inputs": X})])
-    np.testing.assert_allclose(served["outputs"], task.model(X).numpy(), rtol=1e-5, atol=1e-6)
+    outputs = served.outputs["outputs"]
+    np.testing.assert_allclose(outputs, task.model(X).numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_export_at_end_is_off_by_default(tmp_path):
@@ -167,7 +177,7 @@ def test_ema_exports_the_averages_at_the_end_and_with_the_option(tmp_path):
             assert export.main([f"--model_dir={run}", *flags]) == 0
         exports[name] = shutil.copytree(run / "export" / "6", tmp_path / name)
     served = plain_tf_predict(tmp_path, [(exports[n], {"inputs": X}) for n in exports])
-    at_end, with_option, raw = (s["outputs"] for s in served)
+    at_end, with_option, raw = (s.outputs["outputs"] for s in served)
 
     path = tf.train.latest_checkpoint(str(run))
     model = restored(ExportTinyTask().build_model(), path)
@@ -199,8 +209,8 @@ def test_best_option_exports_the_best_checkpoint(tmp_path):
     (served,) = plain_tf_predict(tmp_path, [(run / "export" / "2", {"inputs": X})])
     best = restored(ExportTinyTask().build_model(), tf.train.latest_checkpoint(str(run / "best")))
     latest = restored(ExportTinyTask().build_model(), tf.train.latest_checkpoint(str(run)))
-    np.testing.assert_allclose(served["outputs"], best(X).numpy(), rtol=1e-5, atol=1e-6)
-    assert not np.allclose(served["outputs"], latest(X).numpy(), atol=1e-3)
+    np.testing.assert_allclose(served.outputs["outputs"], best(X).numpy(), rtol=1e-5, atol=1e-6)
+    assert not np.allclose(served.outputs["outputs"], latest(X).numpy(), atol=1e-3)
 
 
 def _gin_run(model_dir, experiment, *params):
@@ -229,14 +239,12 @@ def test_a_dict_of_models_exports_one_saved_model_per_model(tmp_path):
         (folder / "discriminator", {"inputs": images}),
     ]
     generated, judged = plain_tf_predict(tmp_path, calls)
-    models = task.build_model()
-    tf.train.Checkpoint(train_model=models).restore(
-        tf.train.latest_checkpoint(str(run))
-    ).expect_partial()
-    expected_images = models["generator"](noise).numpy()
-    np.testing.assert_allclose(generated["outputs"], expected_images, rtol=1e-5, atol=1e-6)
-    expected_judgement = models["discriminator"](images).numpy()
-    np.testing.assert_allclose(judged["outputs"], expected_judgement, rtol=1e-5, atol=1e-6)
+    assert generated.input_shapes == {"inputs": [None, 16]}
+    models = restored(task.build_model(), tf.train.latest_checkpoint(str(run)))
+    got, want = generated.outputs["outputs"], models["generator"](noise).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    got, want = judged.outputs["outputs"], models["discriminator"](images).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_a_model_without_input_layers_takes_what_evaluation_gives_it(tmp_path):
@@ -250,9 +258,38 @@ def test_a_model_without_input_layers_takes_what_evaluation_gives_it(tmp_path):
     model = task.build_model()
     restored(model, tf.train.latest_checkpoint(str(run)))
     expected = model({"digit": images, "parity": images[:2]})
-    assert sorted(served) == ["digit", "parity"]
+    assert served.input_shapes == {"digit": [None, 64], "parity": [None, 64]}
+    assert sorted(served.outputs) == ["digit", "parity"]
     for name in ("digit", "parity"):
-        np.testing.assert_allclose(served[name], expected[name].numpy(), rtol=1e-5, atol=1e-6)
+        got, want = served.outputs[name], expected[name].numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@gin.configurable("NoInputTask")
+class NoInputTask(ExportTinyTask):
+    """A model without an Input layer (weights from its first call) and validation batches of
+    a fixed size."""
+
+    def build_inputs(self, per_replica_batch_size, input_context=None, training=True):
+        dataset = super().build_inputs(per_replica_batch_size, input_context, training)
+        return dataset if training else dataset.unbatch().batch(8, drop_remainder=True)
+
+    def build_model(self):
+        layers = keras.layers
+        self.model = keras.Sequential([layers.Dense(8, activation="tanh"), layers.Dense(3)])
+        return self.model
+
+
+def test_a_model_without_input_layers_gets_a_free_batch_dimension(tmp_path):
+    run = tmp_path / "run"
+    train_with_gin(run, "TASK = @NoInputTask()")
+    assert export.main([f"--model_dir={run}"]) == 0
+    (served,) = plain_tf_predict(tmp_path, [(run / "export" / "6", {"inputs": X})])
+    model = NoInputTask().build_model()
+    model(X)  # creates the weights the checkpoint restores
+    expected = restored(model, tf.train.latest_checkpoint(str(run)))(X).numpy()
+    assert served.input_shapes == {"inputs": [None, 6]}
+    np.testing.assert_allclose(served.outputs["outputs"], expected, rtol=1e-5, atol=1e-6)
 
 
 def _hand_made_run(model_dir, with_model=True, operative=True):
