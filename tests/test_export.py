@@ -20,6 +20,7 @@ from orbitask.trainers import (
     cli,
     export,
     run_experiment,
+    saved_model,
     train,
 )
 from tests.helpers import TinyTask
@@ -289,6 +290,29 @@ def test_a_model_without_input_layers_gets_a_free_batch_dimension(tmp_path):
     model(X)  # creates the weights the checkpoint restores
     expected = restored(model, tf.train.latest_checkpoint(str(run)))(X).numpy()
     assert served.input_shapes == {"inputs": [None, 6]}
+    np.testing.assert_allclose(served.outputs["outputs"], expected, rtol=1e-5, atol=1e-6)
+
+
+class TwoInputTask(TinyTask):
+    """A functional model of two named inputs, which validation batches give as a dict."""
+
+    def build_inputs(self, per_replica_batch_size, input_context=None, training=True):
+        dataset = tf.data.Dataset.from_tensor_slices(({"a": self.x[:, :2], "b": self.x}, self.y))
+        return dataset.batch(per_replica_batch_size)
+
+    def build_model(self):
+        a, b = keras.Input((2,), name="a"), keras.Input((6,), name="b")
+        joined = keras.layers.Concatenate()([keras.layers.Dense(4)(a), b])
+        return keras.Model({"a": a, "b": b}, keras.layers.Dense(3)(joined))
+
+
+def test_a_model_of_several_inputs_takes_them_by_name(tmp_path):
+    task = TwoInputTask()
+    model = task.build_model()
+    folder = saved_model.write(task, model, str(tmp_path / "export"), 0, per_replica_batch_size=8)
+    (served,) = plain_tf_predict(tmp_path, [(folder, {"a": X[:, :2], "b": X})])
+    assert served.input_shapes == {"a": [None, 2], "b": [None, 6]}
+    expected = model({"a": X[:, :2], "b": X}).numpy()
     np.testing.assert_allclose(served.outputs["outputs"], expected, rtol=1e-5, atol=1e-6)
 
 
