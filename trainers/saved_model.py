@@ -8,10 +8,11 @@ name and renamed into place, replacing an earlier export of the same step.
 
 Each SavedModel has one signature, `serving_default`, calling the model with `training=False`:
 
-- its inputs are the model's inputs: the model's `Input` layers when it has them (one input is
-  named `inputs`, several `inputs_0`, `inputs_1`, ...), else the structure the model receives
-  in evaluation (a validation batch after `Task.input_pre`; a dict's keys name its inputs);
-  the batch dimension is left free;
+- its inputs are the model's inputs, named `inputs` when there is one: the model's `Input` layer
+  when it has one, else the structure the model receives in evaluation (a validation batch
+  after `Task.input_pre`, traced; a dict's keys name its inputs, a list's are `inputs_0`,
+  `inputs_1`, ...); a model of a dict needs `Input` layers (several: a list). The batch
+  dimension is left free;
 - its outputs are `outputs` for a single tensor, the keys of a dict of tensors (nested keys
   joined with `_`), `output_0`, `output_1`, ... for a list.
 
@@ -105,12 +106,14 @@ def _zeros(spec: tf.TensorSpec) -> tf.Tensor:
 
 
 def _model_inputs(model: Any, name: str | None) -> Any:
-    """TensorSpecs of the model's `Input` layers (None for a model without them)."""
+    """TensorSpecs of the model's `Input` layers: one spec, or a list for a model `name` of a
+    dict. None for the model (not of a dict) without one `Input` layer, whose evaluation data
+    gives the structure instead."""
     try:
         tensors = model.inputs
     except (AttributeError, ValueError):
         tensors = None
-    if not tensors:
+    if not tensors or (name is None and len(tensors) > 1):
         if name is None:
             return None
         raise ConfigError(
