@@ -1,6 +1,6 @@
 """Installed (not editable), orbitask is one `orbitask` package: nothing lands as a top-level
 `tasks` or `trainers`, gin finds `configs/defaults.gin` from any directory, and the binary trains
-from a user's directory that holds its own `tasks.py`."""
+and exports from a user's directory that holds its own `tasks.py`."""
 
 import subprocess
 import sys
@@ -101,6 +101,15 @@ def test_a_plain_install_trains_from_a_user_directory_with_its_own_tasks_py(tmp_
     assert trained.returncode == 0, trained.stderr
     assert "orbitask: checkpoints in" in trained.stdout
     assert (tmp_path / "run" / "ckpt-4.index").is_file()
+
+    # The run's operative config (with its `import tasks`) rebuilds the model for the export.
+    exported = _run(
+        [sys.executable, "-m", "orbitask.trainers.cli", "export",
+         f"--model_dir={tmp_path / 'run'}"],
+        cwd=user, env=env,
+    )  # fmt: skip
+    assert exported.returncode == 0, exported.stderr
+    assert (tmp_path / "run" / "export" / "4" / "saved_model.pb").is_file()
 
 
 def test_importing_orbitask_changes_nothing():

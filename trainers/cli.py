@@ -4,6 +4,7 @@
     orbitask report --model_dir=...                   # plot + summary of a run (trainers.report)
     orbitask new NAME                                 # a Task file + gin file (trainers.scaffold)
     orbitask launch --workers N -- TRAIN_FLAGS        # a local cluster (trainers.launch)
+    orbitask export --model_dir=...                   # a SavedModel of a run (trainers.export)
 
 Each subcommand is a module with `main(argv) -> exit status`, imported only when used.
 """
@@ -24,6 +25,10 @@ COMMANDS = {
     "launch": (
         "orbitask.trainers.launch",
         "run a job as a cluster of local processes (multi-worker, PS)",
+    ),
+    "export": (
+        "orbitask.trainers.export",
+        "write a run's model as a SavedModel under MODEL_DIR/export/<step>/",
     ),
 }
 

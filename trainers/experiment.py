@@ -41,6 +41,7 @@ def run_experiment(
     warm_start: Any = None,
     mixed_precision: str | None = None,
     ema: Any = None,
+    export_at_end: bool = False,
 ) -> dict:
     """Trains and/or evaluates `task`, writing checkpoints and summaries under `model_dir`.
 
@@ -60,10 +61,11 @@ def run_experiment(
         keep_input_positions, async_checkpoints),
         `EvalSettings` (eval_interval, eval_steps, continuous_eval_timeout,
         validation_control), `DistributionSettings` (strategy, cpu_devices), `FeatureSettings`
-        (nan_guard, mixed_precision, ema, histogram_interval, profile_steps).
+        (nan_guard, mixed_precision, ema, histogram_interval, profile_steps, export_at_end).
 
     Returns:
-      `{"train": last train logs, "eval": last eval logs}` (Python floats / NumPy arrays).
+      `{"train": last train logs, "eval": last eval logs}` (Python floats / NumPy arrays), and
+      `"export"`, the SavedModel's folder, when `export_at_end` wrote one.
 
     Raises:
       ConfigError: for a bad setting, before any work. An exception from the task's own code

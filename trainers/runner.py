@@ -21,6 +21,7 @@ from orbitask.trainers import (
     compat,
     inputs,
     random_state,
+    saved_model,
     settings,
     step_errors,
     summaries,
@@ -94,6 +95,7 @@ class ExperimentRunner:
                 self.manager.save(checkpoint_number=step, check_interval=False)
                 print(f"orbitask: {stop}", flush=True)
                 self.results["early_stop"] = str(stop)
+                self._export_at_end()
                 return self.results
             except BaseException:  # SIGTERM (exit 75) and errors: the async write ends first
                 self._wait_for_saves(quietly=True)
@@ -412,8 +414,25 @@ class ExperimentRunner:
                     timeout=evaluation.continuous_timeout or 30,
                     timeout_fn=lambda: int(self.global_step.numpy()) >= train_steps,
                 )
+        self._export_at_end()
         self._finish()
         return self.results
+
+    def _export_at_end(self) -> None:
+        """With `export_at_end`, the trained model (EMA averages if set) as a SavedModel."""
+        features = self.settings.features
+        if not (features.export_at_end and self.training):
+            return
+        root = getattr(self.manager, "temp_directory", self.model_dir)  # a non-chief: its own
+        replicas = self.strategy.num_replicas_in_sync
+        batch = self.settings.loop.global_batch_size // replicas
+        with features.ema.averaged() if features.ema else contextlib.nullcontext():
+            path = saved_model.write(
+                self.task, self.model, os.path.join(root, "export"), self._step_now(), batch
+            )
+        if self.chief:
+            self.results["export"] = path
+            print(f"orbitask: SavedModel in {path}", flush=True)
 
     def _finish(self) -> None:
         self.train_summaries.write_pending()

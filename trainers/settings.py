@@ -150,6 +150,9 @@ class FeatureSettings:
       histogram_interval: write histograms of the trainable variables every this many steps.
       profile_steps: `(N, M)`: trace steps N..M into TensorBoard's profile format under
         `train/plugins/profile/` (`trainers.profiling`); None: no profile.
+      export_at_end: when training ends (at `train_steps` or an early stop), write the model
+        as a SavedModel under `model_dir/export/<step>/` (`trainers.saved_model`), with the EMA
+        averages when `ema` is set.
     """
 
     nan_guard: Any = None
@@ -157,6 +160,7 @@ class FeatureSettings:
     ema: Any = None
     histogram_interval: int | None = None
     profile_steps: Any = None
+    export_at_end: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,6 +266,11 @@ def check(task: Any, model_dir: Any, mode: str, settings: Settings) -> None:
     if features.profile_steps is not None:
         profiling.check(features.profile_steps)
     check_seconds("loop_seconds", loop.loop_seconds)
+    if not isinstance(features.export_at_end, bool):
+        raise ConfigError(
+            f"`export_at_end` must be True or False; received {features.export_at_end!r}. "
+            "Set run_experiment.export_at_end in your .gin file."
+        )
     if features.mixed_precision not in (None, "mixed_float16", "mixed_bfloat16"):
         raise ConfigError(
             "`mixed_precision` must be None, 'mixed_float16' or 'mixed_bfloat16'; received "
