@@ -146,6 +146,9 @@ def main(argv=None) -> int:
                 "keras50": build_keras(workload, 50),
             }
             costs = measure(contenders, args.short, args.long, args.rounds)
+        for contender, values in costs.items():
+            rounded = " ".join(f"{1000 * v:.3f}" for v in values)
+            print(f"{name} {contender} ms/step by round: {rounded}", file=sys.stderr)
         best = min(("keras1", "keras50"), key=lambda k: statistics.median(costs[k]))
         ratios = [o / k for o, k in zip(costs["orbitask"], costs[best], strict=True)]
         ms = {k: 1000 * statistics.median(v) for k, v in costs.items()}
