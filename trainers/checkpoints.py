@@ -81,6 +81,14 @@ class SafeCheckpointManager(tf.train.CheckpointManager):
             self._raise_no_space(error, prefix)
             raise error
 
+    def sync_after_error(self) -> None:
+        """Waits for the async save under way while an error (or SIGTERM's exit) is on its way
+        out; a failure of that write is logged, not raised over it. Eager; returns None."""
+        try:
+            self.sync()
+        except Exception as e:
+            logging.error("the async checkpoint write failed too: %s", e)
+
     def _raise_no_space(self, error: BaseException, prefix: str | None) -> None:
         """Raises `NoSpaceError` for `prefix` after removing its files, if `error` says the
         device is full; else returns."""

@@ -12,7 +12,6 @@ import os
 from typing import Any
 
 import orbit
-from absl import logging
 
 from orbitask.tasks import CallbackContext, keras_compat, model_garden
 from orbitask.trainers import (
@@ -98,29 +97,15 @@ class ExperimentRunner:
                 self._export_at_end()
                 return self.results
             except BaseException:  # SIGTERM (exit 75) and errors: the async write ends first
-                self._wait_for_saves(quietly=True)
+                self.manager.sync_after_error()
                 raise
             finally:  # also on SIGTERM (exit 75) and errors: the kept train scalars
                 if self.profiler:
                     self.profiler.close()
                 self.train_summaries.write_pending()
                 self.train_summaries.flush()
-            self._wait_for_saves()
+            self.manager.sync()  # raises NoSpaceError if the last async write found a full disk
             return result
-
-    def _wait_for_saves(self, quietly: bool = False) -> None:
-        """Waits for an async save under way. Eager; returns None.
-
-        Raises:
-          NoSpaceError: its write found the device full; with `quietly` (an error is already
-            on its way out) it is logged instead.
-        """
-        try:
-            self.manager.sync()
-        except Exception as e:
-            if not quietly:
-                raise
-            logging.error("the async checkpoint write failed too: %s", e)
 
     def build(self) -> None:
         """Builds every object of the run, in this order. Eager; returns None."""
