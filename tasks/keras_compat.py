@@ -140,6 +140,26 @@ def learning_rate_variable(optimizer: Any) -> Any:
     return None
 
 
+def scheduled_rate(optimizer: Any) -> Any:
+    """A function returning the optimizer's current rate (traced or eager) when a schedule of
+    its own sets it (a `LearningRateSchedule` given to the optimizer, as Model Garden's
+    `create_optimizer` does); None for a rate variable, a dict of optimizers or a non-Keras one.
+    Eager."""
+    if isinstance(optimizer, dict) or optimizer_flavour(optimizer) is None:
+        return None
+    if learning_rate_variable(optimizer) is not None:
+        return None
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+
+    def rate() -> tf.Tensor:
+        value = inner.learning_rate  # tf_keras' legacy optimizers give the schedule itself
+        if callable(value):
+            value = value(inner.iterations)
+        return tf.cast(value, tf.float32)
+
+    return rate
+
+
 def sync_learning_rate(optimizer: Any, lr: Any) -> None:
     """Copies the learning-rate variable into the optimizer's own (eager or traced); or each's.
 

@@ -177,6 +177,59 @@ def test_experiment_config_optimizer_moves_weights_by_exactly_lr_times_gradient(
     assert logs["train"]["learning_rate"] == pytest.approx(0.1)
 
 
+SGD_DECAY = {
+    "optimizer": {"type": "sgd", "sgd": {"momentum": 0.0}},
+    "learning_rate": {
+        "type": "polynomial",
+        "polynomial": {"initial_learning_rate": 0.1, "decay_steps": 10, "end_learning_rate": 0.0},
+    },
+}
+
+
+class RateSeen(ModelGardenTaskWithLogs):
+    """Records each step's logged learning rate and MockTask's Dense bias."""
+
+    def every_steps(self):
+        def keep(task, ctx):
+            self.rates.append(ctx.logs["learning_rate"])
+            self.biases.append(float(ctx.model.weights[1].numpy()[0]))
+
+        self.rates, self.biases = [], []
+        return {1: keep}
+
+
+def test_an_experiment_configs_schedule_sets_the_rate_and_the_logs_follow_it(tmp_path):
+    """A decaying schedule from the ExperimentConfig drives the optimizer; the logged rate is
+    the one each step used (0.1, 0.09, ...), and the bias (gradient 1) moves by exactly it."""
+    task = RateSeen(new_mock_task(tmp_path), experiment=mock_experiment(SGD_DECAY))
+    run_experiment(task, str(tmp_path), mode="train", train_steps=4, global_batch_size=2)
+    expected = [0.1, 0.09, 0.08, 0.07]
+    assert task.rates == pytest.approx(expected, rel=1e-5)
+    assert task.biases == pytest.approx(list(1 - np.cumsum(expected)), rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ({"learning_rate": 0.01}, "run_experiment.learning_rate is set, and the optimizer"),
+        (
+            {"validation_control": "halving"},
+            r"set orbitask.ValidationControl.halve_lr_on_worse = False",
+        ),
+    ],
+)
+def test_what_cannot_reach_an_optimizers_own_schedule_is_one_line(tmp_path, setting, message):
+    from orbitask.trainers import ValidationControl
+
+    if setting.get("validation_control"):
+        setting = {"validation_control": ValidationControl(), "mode": "train_and_eval"}
+    task = ModelGardenTask(new_mock_task(tmp_path), experiment=mock_experiment(SGD_DECAY))
+    kwargs = {"mode": "train", **setting}
+    with pytest.raises(ConfigError, match=message):
+        run_experiment(task, str(tmp_path), train_steps=2, global_batch_size=2, **kwargs)
+    assert not list(tmp_path.glob("ckpt-*"))
+
+
 def test_default_optimizer_and_initialize_on_a_fresh_run_only(tmp_path):
     first = Classifier()
     task = Seen(first)

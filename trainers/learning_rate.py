@@ -8,7 +8,9 @@ itself is the rate (callbacks may assign it) and halving scales it.
 Whose rate a run uses (`LearningRate.reconcile`): with `run_experiment.learning_rate` unset, the
 optimizer's own (`build_optimizer`'s default Nadam gets 1e-3); with it set, that setting, and one
 line says so when the optimizer was built with another rate. A dict of optimizers with different
-own rates keeps each one's rate: `lr` is then not copied into them, and halving scales each.
+own rates keeps each one's rate: `lr` is then not copied into them, and halving scales each. An
+optimizer whose own schedule sets its rate (Model Garden's `create_optimizer`) keeps it: `lr`
+reads that rate at every step, and halving on a worse validation is refused.
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ class LearningRate:
         self.lr = lr
         self.schedule = schedule
         self.follows = True  # the loop copies `lr` into the optimizer(s); see `reconcile`
+        self.own_schedule = False  # the optimizer's own schedule sets the rate; `lr` reads it
         self._own_rates: list = []  # optimizers' own rate variables, when they do not follow
         self.factor = tf.Variable(
             1.0,
@@ -138,6 +141,9 @@ class LearningRate:
     def reconcile(self, optimizer: Any, requested: Any) -> None:
         """Decides whose rate the run uses (module docstring). Eager, once, after the optimizer
         is built with `lr`'s value; returns None, printing one line when the two disagree."""
+        if (rate := keras_compat.scheduled_rate(optimizer)) is not None:
+            self._follow_optimizer(rate, requested)
+            return
         variables = keras_compat.learning_rate_variable(optimizer)
         named = variables if isinstance(variables, dict) else {"": variables}
         own = {k: float(v.numpy()) for k, v in named.items() if v is not None}
@@ -159,6 +165,35 @@ class LearningRate:
             return
         self.follows = False  # different rates in a dict: each keeps its own
         self._own_rates = [v for v in named.values() if v is not None]
+
+    def _follow_optimizer(self, rate: Any, requested: Any) -> None:
+        """The optimizer's own schedule sets the rate: `lr` reads it at every step. Eager."""
+        if requested is not None:
+            raise ConfigError(
+                "run_experiment.learning_rate is set, and the optimizer (build_optimizer's, or "
+                "a Model Garden ExperimentConfig's) follows a learning-rate schedule of its own, "
+                "which it cannot replace; unset run_experiment.learning_rate, or build the "
+                "optimizer with a constant rate."
+            )
+        self.schedule = lambda step: rate()
+        self.follows = False
+        self.own_schedule = True
+        self.lr.assign(rate())
+
+    def check_halving(self, control: Any) -> None:
+        """Refuses halving on a worse validation when the optimizer's own schedule sets the
+        rate (halving could not reach it). Eager; returns None.
+
+        Raises:
+          ConfigError: naming the setting to change.
+        """
+        if self.own_schedule and control is not None and control.halve_lr_on_worse:
+            raise ConfigError(
+                "ValidationControl halves the learning rate on a worse validation, and the "
+                "optimizer follows a learning-rate schedule of its own, which halving cannot "
+                "scale; set orbitask.ValidationControl.halve_lr_on_worse = False, or give "
+                "the schedule to orbitask.run_experiment.learning_rate instead."
+            )
 
     def scale(self, multiplier: float) -> None:
         """Eager: multiplies the rate (through `factor` when a schedule drives it)."""

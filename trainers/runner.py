@@ -156,6 +156,7 @@ class ExperimentRunner:
         self.lr = self.lr_control.lr
         self.optimizer = task.build_optimizer(float(self.lr.numpy()))
         self.lr_control.reconcile(self.optimizer, self.settings.loop.learning_rate)
+        self.lr_control.check_halving(self.settings.evaluation.validation_control)
         keras_compat.check_matching(self.model, self.optimizer)
         self.train_metrics = task.build_metrics(training=True) if self.training else []
         self.eval_metrics = task.build_metrics(training=False) if self.evaluating else []
