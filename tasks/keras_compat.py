@@ -19,6 +19,7 @@ from orbitask.tasks.errors import ConfigError
 KERAS3 = "keras"
 TF_KERAS = "tf_keras"
 FLAVOURS = (KERAS3, TF_KERAS)
+NADAM_COUNTER_FLOOR = -(2**62)  # below any step: see `reset_trace_state`
 
 
 def model_flavour(model: Any) -> str | None:
@@ -192,19 +193,21 @@ def apply_gradients(optimizer: Any, gradients: list, variables: list) -> None:
 
 
 def reset_trace_state(optimizer: Any) -> None:
-    """Sets the Python counter tf_keras' Nadam keeps across traces back to its value after
-    `build`, so that every trace of a step holds the same update (one or a dict of optimizers).
+    """Sets the Python counter tf_keras' Nadam keeps across traces so that no traced update
+    takes its "already computed this step" branch (one optimizer or a dict of them).
 
     Call at trace time, before the step's `apply_gradients`. tf_keras' Nadam compares a Python
     int (`_u_product_counter`, one more per traced variable update) with the step inside its
-    graph; left alone, a step traced first in a device loop and one traced in its body would
-    update `_u_product` differently, and a run restarted at another step would not be
-    bit-identical to an uninterrupted one. Keras 3's Nadam keeps no such counter.
+    graph, so which variable of which trace skips its `_u_product` update would depend on the
+    trace's history, the replica count and the step a device loop starts at. With the counter
+    far below any step, every traced update multiplies `_u_product` (what tf_keras' traced
+    Nadam does once the step has passed the counter), and N replicas and a restarted run
+    update exactly as one device and an uninterrupted run do. Keras 3's Nadam keeps no counter.
     """
     for each in optimizer.values() if isinstance(optimizer, dict) else [optimizer]:
         inner = getattr(each, "inner_optimizer", each)  # LossScaleOptimizer wrappers
         if hasattr(inner, "_u_product_counter"):
-            inner._u_product_counter = 1  # noqa: SLF001
+            inner._u_product_counter = NADAM_COUNTER_FLOOR  # noqa: SLF001
 
 
 def rename_metric(metric: Any, name: str) -> None:
