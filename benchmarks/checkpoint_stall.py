@@ -60,7 +60,7 @@ def timed_run(model_dir: str, hidden: tuple, steps: int, every: int, asynchronou
         async_checkpoints=asynchronous, eval_interval=None, eval_steps=None,
         continuous_eval_timeout=None, validation_control=None, strategy="one_device",
         cpu_devices=None, nan_guard=None, mixed_precision=None, ema=None,
-        histogram_interval=None, profile_steps=None,
+        histogram_interval=None, profile_steps=None, export_at_end=False,
     )  # fmt: skip
     task = DigitsClassification(hidden_units=hidden)
     task.max_to_keep = 2
