@@ -149,3 +149,27 @@ def test_a_python_side_reduction_gets_a_whole_device_loop_at_once(tmp_path):
     _evaluate(task, tmp_path, "one_device")
     assert task.seen_when_folding[-6:] == [task.seen_when_folding[-1]] * 6
     assert task.seen_when_folding[-1] % 6 == 0
+
+
+class Padded(PerExample):
+    """Outputs whose inner shape changes from step to step (sequences padded per batch)."""
+
+    def validation_step(self, batch, model, metrics=None, *, loss_fn, lr):
+        x, y = batch
+        length = tf.reduce_max(y) + 1  # each batch pads to its own longest label
+        return {"padded": tf.ones([tf.shape(x)[0], length]) * tf.cast(length, tf.float32)}
+
+    def aggregate_logs(self, state, step_logs):
+        self.widths = [
+            *getattr(self, "widths", []),
+            *[int(v.shape[1]) for v in step_logs["padded"]],
+        ]
+        return super().aggregate_logs(state, {"losses": [v[:, 0] for v in step_logs["padded"]]})
+
+
+def test_outputs_whose_shape_changes_between_steps_reach_aggregate_logs_whole(tmp_path):
+    task = Padded()
+    logs = _evaluate(task, tmp_path, "one_device")
+    assert logs["count"] == 90.0
+    assert len(task.widths) == 6 and all(w >= 1 for w in task.widths)
+    assert logs["mean"] == pytest.approx(np.mean(np.repeat(task.widths, [16] * 5 + [10])))

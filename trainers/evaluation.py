@@ -98,9 +98,9 @@ class TaskEvaluator(orbit.StandardEvaluator):
                 break
             leaves = [tf.convert_to_tensor(v) for v in tf.nest.flatten(outputs)]
             chunk = min(GATHER_STEPS, remaining)
-            steps, gathered, lengths = loop(iterator, leaves, tf.constant(chunk - 1))
+            steps, gathered, shapes = loop(iterator, leaves, tf.constant(chunk - 1))
             steps = int(steps) + 1
-            for step_leaves in _per_step(leaves, gathered, lengths, steps):
+            for step_leaves in _per_step(gathered, shapes, steps):
                 state = self.eval_reduce(state, tf.nest.pack_sequence_as(outputs, step_leaves))
             remaining -= steps
             if steps < chunk:
@@ -109,10 +109,11 @@ class TaskEvaluator(orbit.StandardEvaluator):
 
     def _gather_loop(self, iterator, first: list, limit: tf.Tensor):
         """Up to `limit` more steps after the one that gave `first` (its flat logs), to the end
-        of the dataset; returns the steps taken and, for each leaf, its values stacked (scalars)
-        or concatenated along axis 0, with each step's length (traced)."""
-        arrays = [_array(v.dtype).write(0, v) for v in first]
-        lengths = [_array(tf.int32).write(0, _length(v)) for v in first]
+        of the dataset; returns the steps taken and, for each leaf, every step's values
+        flattened and concatenated, with each step's shape, so that shapes may vary from step
+        to step (e.g. sequences padded per batch) (traced)."""
+        arrays = [_array(v.dtype).write(0, tf.reshape(v, [-1])) for v in first]
+        shapes = [_array(tf.int32).write(0, tf.shape(v)) for v in first]
         steps = tf.constant(0)
         for _ in tf.range(limit):
             batch = iterator.get_next_as_optional()
@@ -122,14 +123,12 @@ class TaskEvaluator(orbit.StandardEvaluator):
             values = tf.nest.flatten(
                 tf.nest.map_structure(lambda v: all_replica_values(self.strategy, v), logs)
             )
-            arrays = [a.write(steps + 1, v) for a, v in zip(arrays, values, strict=True)]
-            lengths = [n.write(steps + 1, _length(v)) for n, v in zip(lengths, values, strict=True)]
+            pairs = zip(arrays, shapes, values, strict=True)
+            written = [(a.write(steps + 1, tf.reshape(v, [-1])), s.write(steps + 1, tf.shape(v)))
+                       for a, s, v in pairs]  # fmt: skip
+            arrays, shapes = [a for a, _ in written], [s for _, s in written]
             steps += 1
-        gathered = [
-            a.stack() if v.shape.rank == 0 else a.concat()
-            for a, v in zip(arrays, first, strict=True)
-        ]
-        return steps, gathered, [n.stack() for n in lengths]
+        return steps, [a.concat() for a in arrays], [s.stack() for s in shapes]
 
     def _step_sums(self, batch) -> dict:
         """One step's logs summed over replicas, as float64 (traced, cross-replica)."""
@@ -191,20 +190,15 @@ def _array(dtype) -> tf.TensorArray:
     return tf.TensorArray(dtype, size=0, dynamic_size=True, infer_shape=False)
 
 
-def _length(value: tf.Tensor) -> tf.Tensor:
-    return tf.shape(value)[0] if value.shape.rank else tf.constant(1)
-
-
-def _per_step(first: list, gathered: list, lengths: list, steps: int):
+def _per_step(gathered: list, shapes: list, steps: int):
     """Yields each step's flat logs from `_gather_loop`'s output, as eager tensors (what a
     step-by-step evaluation hands `aggregate_logs`; Model Garden's call `.numpy()`). Eager."""
     columns = []
-    for leaf, values, sizes in zip(first, gathered, lengths, strict=True):
-        values = values.numpy()
-        if leaf.shape.rank == 0:
-            columns.append(list(values))
-        else:
-            columns.append(np.split(values, np.cumsum(sizes.numpy())[:-1]))
+    for values, step_shapes in zip(gathered, shapes, strict=True):
+        step_shapes = step_shapes.numpy()
+        sizes = np.prod(step_shapes, axis=1, dtype=np.int64)  # a scalar's empty shape: 1
+        pieces = np.split(values.numpy(), np.cumsum(sizes)[:-1])
+        columns.append([p.reshape(shape) for p, shape in zip(pieces, step_shapes, strict=True)])
     for step in range(steps):
         yield [tf.constant(column[step]) for column in columns]
 
