@@ -19,8 +19,8 @@ The global batch is `run_experiment.global_batch_size`; a `DataConfig.global_bat
 set must agree with it for training (`check_global_batch_size`), and one left at 0 is filled in.
 The evaluation loss `logs[task.loss]` is Model Garden's `validation_loss`: the mean of its
 per-replica, per-step values. A task that keeps base_task's `aggregate_logs` evaluates as one
-device loop (orbitask's default reduction of that one log); one with its own evaluates step by
-step, its `aggregate_logs` getting the per-replica values of every log.
+device loop (orbitask's default reduction of that one log); one with its own gets every step's
+per-replica values of every log from device loops, folded in by its `aggregate_logs` on the host.
 """
 
 from __future__ import annotations
