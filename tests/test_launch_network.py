@@ -4,7 +4,11 @@ interface, so the launcher runs them in a network namespace whose only interface
 import json
 import os
 import socket
+import subprocess
+import sys
 import time
+
+import pytest
 
 from orbitask.trainers import cli, launch
 from tests import launching
@@ -68,3 +72,39 @@ def test_without_a_namespace_the_launcher_stops_with_one_line(capsys):
 def test_allow_open_ports_is_a_launcher_flag(capsys):
     assert cli.main(["launch", "--allow_open_ports", "--workers", "0", "--", "x"]) == 2
     assert "--workers must be >= 1" in capsys.readouterr().err
+
+
+NOT_ROOT = """
+import ctypes, os, socket
+from orbitask.trainers import launch  # imported first: this Python's files may be root's only
+os.setgroups([])
+os.setgid(65534)
+os.setuid(65534)
+ctypes.CDLL(None).prctl(4, 1)  # PR_SET_DUMPABLE: as a process started by that user would be
+before = os.readlink("/proc/self/ns/net")
+launch.loopback_only()
+assert os.readlink("/proc/self/ns/net") != before
+with socket.socket() as server:  # loopback is up in the new namespace
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    with socket.socket() as client:
+        assert client.connect_ex(server.getsockname()) == 0
+print("isolated as", os.getuid())
+"""
+
+
+def test_a_user_other_than_root_gets_a_user_and_network_namespace():
+    """Not root, the launcher takes a user namespace with its network namespace; the test runs
+    where the kernel lets an unprivileged user make them (util-linux `unshare -Urn` tells)."""
+    if os.getuid() != 0:
+        pytest.skip("needs root to become another user")
+    nobody = dict(user=65534, group=65534, extra_groups=[])
+    probe = subprocess.run(["unshare", "-Urn", "true"], capture_output=True, **nobody)
+    if probe.returncode != 0:
+        pytest.skip(f"this kernel refuses unprivileged namespaces: {probe.stderr.decode()}")
+    proc = subprocess.run(
+        [sys.executable, "-c", NOT_ROOT], capture_output=True, text=True, timeout=120,
+        cwd="/", env={**os.environ, "HOME": "/tmp"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "isolated as 65534"
