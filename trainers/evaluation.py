@@ -51,12 +51,11 @@ class TaskEvaluator(orbit.StandardEvaluator):
             return self._evaluate(num_steps)
 
     def reduces_on_device(self) -> bool:
-        """Whether evaluation runs as one device loop: the task keeps the default log reduction
-        (`tasks.eval_logs`) and the logs are reduced by the strategy. Eager; returns a bool."""
+        """Whether the logs are summed on the device: the task keeps the default log reduction
+        (`tasks.eval_logs`); else its `aggregate_logs` gets them on the host. Eager."""
         task = type(self.task)
         return (
-            self.device_eval_loop
-            and task.aggregate_logs is Task.aggregate_logs
+            task.aggregate_logs is Task.aggregate_logs
             and task.reduce_aggregated_logs is Task.reduce_aggregated_logs
         )
 
