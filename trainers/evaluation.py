@@ -51,8 +51,9 @@ class TaskEvaluator(orbit.StandardEvaluator):
             return self._evaluate(num_steps)
 
     def reduces_on_device(self) -> bool:
-        """Whether the logs are summed on the device: the task keeps the default log reduction
-        (`tasks.eval_logs`); else its `aggregate_logs` gets them on the host. Eager."""
+        """Returns whether the logs are summed on the device: True when the task keeps the
+        default log reduction (`tasks.eval_logs`); else its `aggregate_logs` gets them on the
+        host. Eager."""
         task = type(self.task)
         return (
             task.aggregate_logs is Task.aggregate_logs
