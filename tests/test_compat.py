@@ -1,7 +1,7 @@
 """The private library behaviour orbitask relies on (trainers/compat.py) and Orbit's contract.
 
-These tests fail loudly when a new Orbit, gin or tf.data version changes what compat.py reaches
-into, and when orbitask's `Controller` stops behaving as `orbit.Controller` does.
+These tests fail loudly when a new Orbit, gin, tf.data or tf.train.Checkpoint version changes what
+compat.py reaches into, and when orbitask's `Controller` stops behaving as `orbit.Controller` does.
 """
 
 import unittest
@@ -145,6 +145,45 @@ def test_manager_settings_reads_the_constructor_arguments(tmp_path):
         max_to_keep=7, keep_checkpoint_every_n_hours=2.0, checkpoint_name="model"
     )
     assert compat.checkpoint_prefix(manager) == str(tmp_path / "model")
+
+
+class _Count(tf.train.experimental.PythonState):
+    """A count whose `frozen_copy` is marked, so the test sees which one was written."""
+
+    def __init__(self, count=0):
+        self.count = count
+
+    def serialize(self):
+        return str(self.count)
+
+    def deserialize(self, string_value):
+        self.count = string_value.decode() if isinstance(string_value, bytes) else string_value
+
+    def frozen_copy(self):
+        return _Count(f"frozen {self.count}")
+
+
+def test_an_async_write_saves_later_children_keras_variables_and_frozen_copies(tmp_path):
+    import keras
+
+    value, count = keras.Variable(0.0), _Count()
+    checkpoint = tf.train.Checkpoint(value=value)
+    checkpoint.count = count  # attached after construction: TensorFlow's writer omits it
+    compat.enable_async_writes(checkpoint)
+    options = tf.train.CheckpointOptions(enable_async=True)
+    for n in (1, 2):  # a Keras 3 variable fails TensorFlow's copy from the second save
+        value.assign(float(n))
+        count.count = n
+        path = checkpoint.write(str(tmp_path / f"ckpt-{n}"), options=options)
+        value.assign(-1.0)  # after the save returned: not what it writes
+        count.count = -1
+        checkpoint.sync()
+    assert compat.take_async_error(checkpoint) is None
+    restored_value, restored_count = keras.Variable(0.0), _Count()
+    restored = tf.train.Checkpoint(value=restored_value, count=restored_count)
+    restored.read(path).assert_existing_objects_matched()
+    assert float(restored_value.numpy()) == 2.0
+    assert restored_count.count == "frozen 2"
 
 
 def test_dataset_helpers_see_an_autotuned_prefetch_under_options():

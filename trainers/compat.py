@@ -81,6 +81,9 @@ class _AsyncSaver(async_checkpoint_helper.AsyncCheckpointHelper):
 
     def _copy_to_cpu(self) -> None:
         for trackable in self._saveable_trackables:
+            if hasattr(trackable, "frozen_copy"):  # its value now, for the background write
+                self._object_map[trackable] = trackable.frozen_copy()
+                continue
             try:
                 trackable._copy_trackable_to_cpu(object_map=self._object_map)  # noqa: SLF001
             except NotImplementedError as e:
@@ -89,7 +92,9 @@ class _AsyncSaver(async_checkpoint_helper.AsyncCheckpointHelper):
 
 def enable_async_writes(checkpoint: tf.train.Checkpoint) -> None:
     """Makes `checkpoint`'s async saves (`CheckpointOptions(enable_async=True)`) write every
-    child it holds now, Keras 3 variables included. Eager; call once, before the first save.
+    child it holds now, Keras 3 variables included. A `PythonState` with a `frozen_copy()`
+    method is written as the copy that method returns on the training thread at the save.
+    Eager; returns None. Call once, before the first save.
 
     Reaches into `tf.train.Checkpoint._async_checkpointer_impl` (made lazily from the
     constructor's arguments) and `AsyncCheckpointHelper._copy_to_cpu`.

@@ -73,10 +73,10 @@ class TrainInput(tf.train.experimental.PythonState):
         """Called at each save (eager): the position's JSON record."""
         return json.dumps(self.record(int(self.global_step.numpy())))
 
-    def _copy_trackable_to_cpu(self, object_map) -> None:
-        """Called by an async save on the training thread (eager): the position now, frozen for
-        the background write."""
-        object_map[self] = _SavedPosition(self.serialize())
+    def frozen_copy(self) -> tf.train.experimental.PythonState:
+        """Called by an async save on the training thread (eager): returns the position now,
+        frozen for the background write (`compat.enable_async_writes`)."""
+        return _SavedPosition(self.serialize())
 
     def deserialize(self, string_value) -> None:
         """Called at each restore (eager), with what `serialize` returned."""
