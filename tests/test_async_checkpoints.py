@@ -1,7 +1,8 @@
 """Async checkpoints (`run_experiment.async_checkpoints`): the files are complete when the run
 returns, raises or exits, and the input position is the saved step's.
 
-Exact resume with them on is in test_resume.py, SIGTERM in test_reliability.py, a full disk in
+Exact resume with them on is in test_resume.py and, on 2 workers, test_multi_worker.py; under
+parameter_server in test_parameter_server.py; SIGTERM in test_reliability.py, a full disk in
 test_full_disk.py.
 """
 
@@ -120,12 +121,6 @@ def test_the_input_position_is_taken_on_the_training_thread_at_the_saved_step(tm
     restored = Recorded(build(), tf.Variable(0, dtype=tf.int64), 1, build, str(tmp_path))
     tf.train.Checkpoint(input_position=restored).restore(str(tmp_path / "ckpt-3"))
     assert int(next(restored.iterator)) == 3
-
-
-@pytest.mark.parametrize("strategy", ["multi_worker_mirrored", "parameter_server"])
-def test_async_checkpoints_are_refused_for_a_multi_worker_strategy(tmp_path, strategy):
-    with pytest.raises(ConfigError, match="async_checkpoints=True` runs on one machine only"):
-        _train(TinyTask(), tmp_path, 4, strategy=strategy)
 
 
 def test_a_non_boolean_setting_is_one_line():

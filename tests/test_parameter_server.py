@@ -7,6 +7,7 @@ coordinator.
 
 import json
 import os
+import re
 import shutil
 import signal
 
@@ -16,6 +17,7 @@ import tensorflow as tf
 from tests import faults, launching
 
 STEPS = 300  # ~5 s of training at ~65 steps/s: room to kill a worker after the first checkpoint
+ASYNC = ["orbitask.run_experiment.async_checkpoints=True"]
 
 
 @pytest.fixture(scope="module")
@@ -49,13 +51,24 @@ def test_killing_a_worker_does_not_lose_the_job(killed_worker_run):
     assert launching.latest_step(tmp / "model") == STEPS
 
 
+def _input_position(checkpoint):
+    reader = tf.train.load_checkpoint(str(checkpoint))
+    return json.loads(reader.get_tensor("input_position/.ATTRIBUTES/py_state"))
+
+
+def _eval_line(text):
+    return re.findall(r"^\[chief\] orbitask: eval at step .*$", text, re.M)[-1]
+
+
 def test_the_job_resumes_from_its_checkpoint_and_evaluates(killed_worker_run, tmp_path):
+    """The resumed job saves asynchronously: its final checkpoint holds the weights it
+    evaluated at the end (evaluating the checkpoint again gives the same line) and the input
+    position of that step."""
     model = shutil.copytree(killed_worker_run[0] / "model", tmp_path / "model")
-    reader = tf.train.load_checkpoint(str(model / f"ckpt-{STEPS}"))
     # The digits input is an IndexedInput: its position is the count of examples taken (64 a step).
-    position = json.loads(reader.get_tensor("input_position/.ATTRIBUTES/py_state"))
+    position = _input_position(model / f"ckpt-{STEPS}")
     assert position["style"] == "indexed" and position["examples"] == 64 * STEPS
-    extra = ["orbitask.run_experiment.eval_interval=20"]
+    extra = ["orbitask.run_experiment.eval_interval=20", *ASYNC]
     flags = launching.train_flags(model, STEPS + 40, extra, mode="train_and_eval")
     status, text = launching.run(["--workers", "1", "--ps", "1"], flags, tmp_path)
     assert status == 0, text[-3000:]
@@ -65,3 +78,9 @@ def test_the_job_resumes_from_its_checkpoint_and_evaluates(killed_worker_run, tm
     accuracy = launching.eval_scalars(model, "accuracy")
     assert sorted(accuracy) == [STEPS + 20, STEPS + 40]
     assert accuracy[STEPS + 40] > 0.8  # 10 classes; the resumed weights are trained ones
+    assert _input_position(model / f"ckpt-{STEPS + 40}")["examples"] == 64 * (STEPS + 40)
+
+    flags = launching.train_flags(model, STEPS + 40, mode="eval")
+    status, again = launching.run(["--workers", "1", "--ps", "1"], flags, tmp_path / "eval")
+    assert status == 0, again[-3000:]
+    assert _eval_line(again) == _eval_line(text)

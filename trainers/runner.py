@@ -136,8 +136,6 @@ class ExperimentRunner:
             wanted = distribution.cpu_devices
             settings.check_cpu_devices(wanted, len(logical_cpus(wanted)))
         strategy = build_strategy(distribution.strategy)
-        multi_worker = cluster.is_multi_worker(strategy)  # also a strategy object's
-        settings.check_async_checkpoints(self.settings.checkpoints.asynchronous, multi_worker)
         replicas = strategy.num_replicas_in_sync
         settings.check_replicas(replicas, loop.global_batch_size, loop.jit_compile)
         return strategy

@@ -91,7 +91,8 @@ class CheckpointSettings:
       asynchronous: `async_checkpoints`: the interval, time-rule and final saves copy the
         values to host memory and return; a background thread writes the files while training
         goes on. The next save, the end of the run, SIGTERM and an error wait for that write.
-        One machine only (not `multi_worker_mirrored` or `parameter_server`).
+        Under `multi_worker_mirrored` each worker writes so (the non-chief ones into their
+        temporary folders); under `parameter_server` the chief does.
     """
 
     interval: int | None = None
@@ -255,8 +256,6 @@ def check(task: Any, model_dir: Any, mode: str, settings: Settings) -> None:
     for name, value in optional.items():
         check_positive(name, value, allow_none=True)
     check_seconds("checkpoint_seconds", settings.checkpoints.seconds)
-    multi_worker = settings.distribution.strategy in ("multi_worker_mirrored", "parameter_server")
-    check_async_checkpoints(settings.checkpoints.asynchronous, multi_worker)
     if not isinstance(settings.checkpoints.asynchronous, bool):
         raise ConfigError(
             "`async_checkpoints` must be True or False; received "
@@ -332,16 +331,6 @@ def check_replicas(replicas: int, global_batch_size: int, jit_compile: bool) -> 
             f"`jit_compile=True` cannot run {replicas} replicas on logical CPU devices (XLA on "
             "CPU reaches only the first one). Set run_experiment.jit_compile = False or use "
             "strategy = 'one_device'."
-        )
-
-
-def check_async_checkpoints(asynchronous: bool, multi_worker: bool) -> None:
-    """Raises ConfigError for async checkpoints under a strategy of several processes."""
-    if asynchronous and multi_worker:
-        raise ConfigError(
-            "`async_checkpoints=True` runs on one machine only (one_device, mirrored); "
-            "multi_worker_mirrored and parameter_server jobs save synchronously. Set "
-            "run_experiment.async_checkpoints = False for this job."
         )
 
 
