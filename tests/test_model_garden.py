@@ -1,6 +1,6 @@
 """Model Garden tasks run as they are: official's MockTask, a Model-Garden-style classifier on 1
 and 2 replicas, an ExperimentConfig's optimizer, the global-batch check, refusals, gin, and a
-ported orbitask Task calling `self.process_metrics(metrics, labels, outputs)`."""
+ported orbitask Task calling `self.process_metrics(metrics, labels, outputs)`, mixed_bfloat16."""
 
 import dataclasses
 
@@ -294,6 +294,36 @@ def test_batches_that_ignore_the_input_context_are_one_line(tmp_path):
             global_batch_size=2,
             strategy="mirrored",
         )
+
+
+def test_a_model_garden_task_trains_under_mixed_bfloat16(tmp_path):
+    """Its model computes in bfloat16 with float32 variables, its own train_step trains about
+    the float32 run's weights, and the evaluation loss is the weights' mean validation loss."""
+
+    class KeepModel(Seen):
+        def every_steps(self):
+            def keep_model(task, ctx):
+                self.model = ctx.model
+
+            return {**super().every_steps(), 12: keep_model}
+
+    runs = {}
+    for policy in ("float32", "mixed_bfloat16"):
+        task = KeepModel(Classifier())
+        model_dir = tmp_path / policy
+        logs = run_experiment(
+            task, str(model_dir), mode="train_and_eval", train_steps=12, global_batch_size=8,
+            eval_interval=None, mixed_precision=None if policy == "float32" else policy,
+            progress=False,
+        )  # fmt: skip
+        assert [layer.compute_dtype for layer in task.model.layers] == [policy.split("_")[-1]] * 2
+        assert {v.dtype for v in task.model.weights} == {tf.float32}
+        runs[policy] = (checkpoint_weights(task, model_dir), logs)
+    (full, _), (half, half_logs) = runs["float32"], runs["mixed_bfloat16"]
+    for a, b in zip(full, half, strict=True):
+        np.testing.assert_allclose(a, b, rtol=0.05, atol=0.01)
+    assert half_logs["eval"]["loss"] == pytest.approx(_mean_validation_loss(half), rel=0.02)
+    assert half_logs["train"]["loss"] != runs["float32"][1]["train"]["loss"]
 
 
 @pytest.mark.parametrize(
