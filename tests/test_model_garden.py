@@ -16,6 +16,7 @@ from official.utils.testing import mock_task
 from orbitask.tasks import ModelGardenTask, MultiTask, Task
 from orbitask.tasks.model_garden import GUIDE, ModelGardenTaskWithLogs
 from orbitask.trainers import ConfigError, NanGuard, run_experiment, train
+from tests import launching
 from tests.helpers import StepRecorder, TinyTask, checkpoint_weights
 
 SGD_01 = {
@@ -374,6 +375,35 @@ def test_gin_binds_a_model_garden_task_and_its_experiment(tmp_path):
     logs = run_experiment(model_dir=str(tmp_path / "run"), mode="train", progress=False)
     assert logs["train"]["learning_rate"] == pytest.approx(0.1)  # the experiment's SGD
     assert np.isfinite(logs["train"]["loss"])
+
+
+def test_a_model_garden_task_trains_and_evaluates_under_parameter_server(tmp_path):
+    """Through the launcher (a chief, 2 workers and a ps): each worker builds the task's input
+    from its DataConfig, the task's own train_step runs there, and the coordinator's evaluation
+    loss is the mean validation loss of the checkpoint's weights."""
+    gin_file = tmp_path / "mg.gin"
+    gin_file.write_text(
+        "\n".join(
+            [
+                "include 'configs/defaults.gin'",
+                "import tests.test_model_garden",
+                "TASK = @mg_test.Classifier()",
+                "orbitask.run_experiment.global_batch_size = 8",
+                "TRAIN_STEPS = 40",
+            ]
+        )
+    )
+    model = tmp_path / "model"
+    flags = [f"--gin_file={gin_file}", f"--model_dir={model}", "--mode=train_and_eval"]
+    flags.append("--gin_params=orbitask.run_experiment.progress = False")
+    status, text = launching.run(["--workers", "2", "--ps", "1"], flags, tmp_path)
+    assert status == 0, text[-3000:]
+    assert "[chief] orbitask: ParameterServerStrategy" in text
+    assert "[chief] step 40: loss" in text
+    weights = checkpoint_weights(Classifier(), model)
+    assert launching.eval_scalars(model, "loss") == {
+        40: pytest.approx(_mean_validation_loss(weights), rel=1e-5)
+    }
 
 
 class Ported(TinyTask):
