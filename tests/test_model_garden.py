@@ -377,10 +377,16 @@ def test_gin_binds_a_model_garden_task_and_its_experiment(tmp_path):
     assert np.isfinite(logs["train"]["loss"])
 
 
-def test_a_model_garden_task_trains_and_evaluates_under_parameter_server(tmp_path):
-    """Through the launcher (a chief, 2 workers and a ps): each worker builds the task's input
-    from its DataConfig, the task's own train_step runs there, and the coordinator's evaluation
-    loss is the mean validation loss of the checkpoint's weights."""
+@pytest.mark.parametrize(
+    "cluster, strategy",
+    [(["--ps", "1"], "ParameterServerStrategy"), ([], "CollectiveAllReduceStrategy")],
+    ids=["parameter_server", "multi_worker_mirrored"],
+)
+def test_a_model_garden_task_trains_and_evaluates_on_several_workers(tmp_path, cluster, strategy):
+    """Through the launcher (2 workers, and a ps with a chief): each worker builds the task's
+    input from its DataConfig and its own input_context, the task's own train_step runs there,
+    and the evaluation loss is the mean validation loss of the checkpoint's weights. Under
+    multi_worker_mirrored the sharded input trains one device's weights."""
     gin_file = tmp_path / "mg.gin"
     gin_file.write_text(
         "\n".join(
@@ -396,14 +402,20 @@ def test_a_model_garden_task_trains_and_evaluates_under_parameter_server(tmp_pat
     model = tmp_path / "model"
     flags = [f"--gin_file={gin_file}", f"--model_dir={model}", "--mode=train_and_eval"]
     flags.append("--gin_params=orbitask.run_experiment.progress = False")
-    status, text = launching.run(["--workers", "2", "--ps", "1"], flags, tmp_path)
+    status, text = launching.run(["--workers", "2", *cluster], flags, tmp_path)
     assert status == 0, text[-3000:]
-    assert "[chief] orbitask: ParameterServerStrategy" in text
-    assert "[chief] step 40: loss" in text
+    chief = "chief" if cluster else "worker 0"
+    assert f"[{chief}] orbitask: {strategy}" in text
+    assert f"[{chief}] step 40: loss" in text
     weights = checkpoint_weights(Classifier(), model)
     assert launching.eval_scalars(model, "loss") == {
         40: pytest.approx(_mean_validation_loss(weights), rel=1e-5)
     }
+    if strategy == "CollectiveAllReduceStrategy":  # worker w's shard holds rows w, w + 2, ...
+        one = tmp_path / "one_device"
+        run_experiment(Classifier(), str(one), train_steps=40, global_batch_size=8, progress=False)
+        for a, b in zip(weights, checkpoint_weights(Classifier(), one), strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)  # one device's batches
 
 
 class Ported(TinyTask):
