@@ -40,7 +40,8 @@ class CallbackContext:
       step: the global step just completed (Python int).
       logs: the last step's train logs as Python floats (`loss`, `grad_norm`, metrics, ...).
       lr: the learning-rate `tf.Variable` (checkpointed; assigning it changes the optimizer's rate
-        from the next device loop on).
+        from the next device loop on; where a schedule sets the rate, the assignment scales the
+        schedule by new / old from then on).
       optimizer, model, loss_fn: the task's built objects.
       checkpoint, manager: the `tf.train.Checkpoint` and `tf.train.CheckpointManager`.
       strategy: the `tf.distribute.Strategy` the step runs under.

@@ -20,6 +20,7 @@ KERAS3 = "keras"
 TF_KERAS = "tf_keras"
 FLAVOURS = (KERAS3, TF_KERAS)
 NADAM_COUNTER_FLOOR = -(2**62)  # below any step: see `reset_trace_state`
+_TF_KERAS_SCHEDULE = tf_keras.optimizers.schedules.LearningRateSchedule
 
 
 def model_flavour(model: Any) -> str | None:
@@ -152,13 +153,46 @@ def scheduled_rate(optimizer: Any) -> Any:
         return None
     inner = getattr(optimizer, "inner_optimizer", optimizer)
 
-    def rate() -> tf.Tensor:
-        value = inner.learning_rate  # tf_keras' legacy optimizers give the schedule itself
-        if callable(value):
-            value = value(inner.iterations)
-        return tf.cast(value, tf.float32)
+    def rate() -> tf.Tensor:  # the next update's (tf_keras' `learning_rate` is the last one's)
+        return tf.cast(_rate_at(_own_schedule(inner), inner.iterations), tf.float32)
 
     return rate
+
+
+def _own_schedule(inner: Any) -> Any:
+    """The schedule a Keras optimizer (not a wrapper) holds. tf_keras' legacy optimizers keep it
+    as their `learning_rate` hyperparameter, its new ones and Keras 3 in `_learning_rate`."""
+    if isinstance(inner, tf_keras.optimizers.legacy.Optimizer):
+        return inner.learning_rate
+    return inner._learning_rate  # noqa: SLF001
+
+
+def _rate_at(schedule: Any, step: Any) -> Any:
+    """A schedule's rate at `step`; a callable rate (Keras 3 allows one) takes no step."""
+    kinds = (keras.optimizers.schedules.LearningRateSchedule, _TF_KERAS_SCHEDULE)
+    if isinstance(schedule, kinds):
+        return schedule(step)
+    return schedule() if callable(schedule) else schedule
+
+
+def scale_schedule(optimizer: Any, factor: tf.Variable) -> None:
+    """Makes the optimizer's own schedule give `schedule(step) * factor`, so that assigning
+    `factor` scales every later rate. Eager; call once, where `scheduled_rate` is not None.
+    Returns None. Each flavour's setter takes a schedule of its own `LearningRateSchedule` class.
+    """
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    schedule = _own_schedule(inner)
+    flavour = optimizer_flavour(optimizer)
+    schedules = keras.optimizers.schedules if flavour == KERAS3 else tf_keras.optimizers.schedules
+
+    class Scaled(schedules.LearningRateSchedule):
+        def __call__(self, step):
+            return tf.cast(_rate_at(schedule, step), tf.float32) * tf.cast(factor, tf.float32)
+
+        def get_config(self):
+            return {}
+
+    inner.learning_rate = Scaled()
 
 
 def sync_learning_rate(optimizer: Any, lr: Any) -> None:

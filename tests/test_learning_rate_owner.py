@@ -6,6 +6,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 
 from orbitask import Task, run_experiment
 
@@ -120,3 +121,88 @@ def test_each_optimizer_in_a_dict_keeps_its_own_rate(tmp_path, rates):
         for _ in range(3):  # SGD on (w - 1)^2 averaged: w += rate * 2 * (1 - w)
             expected += rate * 2 * (1 - expected)
         assert w == pytest.approx(expected, rel=1e-5), key
+
+
+class ScoredOneWeight(OneWeight):
+    """OneWeight in either Keras flavour whose evaluations score 3, 4, 5, ... (lower is better),
+    recording each step's logged rate and weight."""
+
+    def __init__(self, flavour, optimizer_fn):
+        super().__init__(optimizer_fn)
+        self.flavour, self.rates, self.weights = flavour, [], []
+
+    def build_model(self):
+        k = keras if self.flavour == "keras" else tf_keras
+        layer = k.layers.Dense(1, use_bias=False, kernel_initializer="zeros")
+        self.built = k.Sequential([k.Input((1,)), layer])
+        return self.built
+
+    def reduce_aggregated_logs(self, aggregated_logs, global_step=None):
+        logs = super().reduce_aggregated_logs(aggregated_logs, global_step)
+        logs["score"] = 2.0 + int(global_step) // 2
+        return logs
+
+    def every_steps(self):
+        def keep(task, ctx):
+            self.rates.append(ctx.logs["learning_rate"])
+            self.weights.append(float(ctx.model.weights[0].numpy().squeeze()))
+
+        return {1: keep}
+
+
+@pytest.mark.parametrize("flavour", ["keras", "tf_keras"])
+def test_halving_scales_the_optimizers_own_schedule(tmp_path, flavour):
+    """Evaluations at steps 2 and 4 are each worse than the one before: the optimizer's own
+    schedule (0.1 for 2 steps, then 0.05) is halved from step 5, the logged rate is the one
+    used, and the weight moves by exactly it."""
+    from orbitask.trainers import ValidationControl
+
+    schedules = (keras if flavour == "keras" else tf_keras).optimizers.schedules
+    optimizer_class = (keras if flavour == "keras" else tf_keras).optimizers.SGD
+
+    def optimizer_fn(learning_rate):
+        return optimizer_class(schedules.PiecewiseConstantDecay([1], [0.1, 0.05]))
+
+    task = ScoredOneWeight(flavour, optimizer_fn)
+    control = ValidationControl(metric="score")
+    _train(
+        task, tmp_path, mode="train_and_eval", train_steps=6, eval_interval=2, eval_steps=1,
+        validation_control=control,
+    )  # fmt: skip
+    expected_rates = [0.1, 0.1, 0.05, 0.05, 0.025, 0.025]
+    assert task.rates == pytest.approx(expected_rates, rel=1e-6), (task.rates, task.weights)
+    w, expected_weights = 0.0, []
+    for rate in expected_rates:  # SGD on (w - 1)^2 averaged: w += rate * 2 * (1 - w)
+        w += rate * 2 * (1 - w)
+        expected_weights.append(w)
+    assert task.weights == pytest.approx(expected_weights, rel=1e-5)
+
+
+class HalvedAtStep3(ScoredOneWeight):
+    """A callback halves `ctx.lr` after step 3."""
+
+    def at_step(self):
+        return {3: lambda task, ctx: ctx.lr.assign(ctx.lr * 0.5)}
+
+
+@pytest.mark.parametrize("owner", ["optimizer_keras", "optimizer_tf_keras", "run_experiment"])
+def test_a_callbacks_assignment_scales_a_schedule_from_then_on(tmp_path, owner):
+    """The schedule gives 0.1 for 2 steps, then 0.05 (the optimizer's own, in either flavour, or
+    run_experiment.learning_rate); a callback halving `ctx.lr` after step 3 halves every later
+    rate, and the weight moves by exactly the rates logged."""
+    flavour = owner.split("_", 1)[1] if owner.startswith("optimizer") else "keras"
+    k = keras if flavour == "keras" else tf_keras
+    schedule = k.optimizers.schedules.PiecewiseConstantDecay([1], [0.1, 0.05])
+    if owner == "run_experiment":
+        task = HalvedAtStep3(flavour, lambda lr: k.optimizers.SGD(lr))
+        _train(task, tmp_path, train_steps=5, learning_rate=schedule)
+    else:
+        task = HalvedAtStep3(flavour, lambda lr: k.optimizers.SGD(schedule))
+        _train(task, tmp_path, train_steps=5)
+    expected_rates = [0.1, 0.1, 0.05, 0.025, 0.025]
+    assert task.rates == pytest.approx(expected_rates, rel=1e-6)
+    w, expected_weights = 0.0, []
+    for rate in expected_rates:
+        w += rate * 2 * (1 - w)
+        expected_weights.append(w)
+    assert task.weights == pytest.approx(expected_weights, rel=1e-5)

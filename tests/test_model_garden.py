@@ -209,25 +209,44 @@ def test_an_experiment_configs_schedule_sets_the_rate_and_the_logs_follow_it(tmp
     assert task.biases == pytest.approx(list(1 - np.cumsum(expected)), rel=1e-5)
 
 
-@pytest.mark.parametrize(
-    "setting, message",
-    [
-        ({"learning_rate": 0.01}, "run_experiment.learning_rate is set, and the optimizer"),
-        (
-            {"validation_control": "halving"},
-            r"set orbitask.ValidationControl.halve_lr_on_worse = False",
-        ),
-    ],
-)
-def test_what_cannot_reach_an_optimizers_own_schedule_is_one_line(tmp_path, setting, message):
+class Scored(RateSeen):
+    """Each evaluation logs the next of `scores` as `score` (lower is better)."""
+
+    scores = [3.0, 4.0, 5.0, 6.0]
+
+    def reduce_aggregated_logs(self, aggregated_logs, global_step=None):
+        logs = super().reduce_aggregated_logs(aggregated_logs, global_step)
+        logs["score"] = self.scores[int(global_step) // 2 - 1]
+        return logs
+
+
+def test_halving_on_a_worse_validation_scales_an_experiment_configs_schedule(tmp_path):
+    """Evaluations at steps 2, 4 and 6 score 3, 4, 5: each worse one halves the schedule's
+    rates (0.1, 0.09, 0.08, 0.07, then halves of 0.06, 0.05), the bias moves by exactly them,
+    and a resumed run keeps the factor halved twice (quarters of 0.04, 0.03)."""
     from orbitask.trainers import ValidationControl
 
-    if setting.get("validation_control"):
-        setting = {"validation_control": ValidationControl(), "mode": "train_and_eval"}
+    settings = dict(
+        mode="train_and_eval", global_batch_size=2, eval_interval=2, eval_steps=1,
+        progress=False, validation_control=ValidationControl(metric="score"),
+    )  # fmt: skip
+    task = Scored(new_mock_task(tmp_path), experiment=mock_experiment(SGD_DECAY))
+    run_experiment(task, str(tmp_path), train_steps=6, **settings)
+    expected = [0.1, 0.09, 0.08, 0.07, 0.03, 0.025]
+    assert task.rates == pytest.approx(expected, rel=1e-5)
+    assert task.biases == pytest.approx(list(1 - np.cumsum(expected)), rel=1e-5)
+    resumed = Scored(new_mock_task(tmp_path), experiment=mock_experiment(SGD_DECAY))
+    run_experiment(resumed, str(tmp_path), train_steps=8, **settings)
+    assert resumed.rates == pytest.approx([0.01, 0.0075], rel=1e-5)
+
+
+def test_a_rate_for_an_optimizer_with_its_own_schedule_is_one_line(tmp_path):
     task = ModelGardenTask(new_mock_task(tmp_path), experiment=mock_experiment(SGD_DECAY))
-    kwargs = {"mode": "train", **setting}
-    with pytest.raises(ConfigError, match=message):
-        run_experiment(task, str(tmp_path), train_steps=2, global_batch_size=2, **kwargs)
+    with pytest.raises(ConfigError, match="run_experiment.learning_rate is set, and the optimizer"):
+        run_experiment(
+            task, str(tmp_path), mode="train", train_steps=2, global_batch_size=2,
+            learning_rate=0.01,
+        )  # fmt: skip
     assert not list(tmp_path.glob("ckpt-*"))
 
 

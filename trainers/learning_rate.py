@@ -9,8 +9,9 @@ Whose rate a run uses (`LearningRate.reconcile`): with `run_experiment.learning_
 optimizer's own (`build_optimizer`'s default Nadam gets 1e-3); with it set, that setting, and one
 line says so when the optimizer was built with another rate. A dict of optimizers with different
 own rates keeps each one's rate: `lr` is then not copied into them, and halving scales each. An
-optimizer whose own schedule sets its rate (Model Garden's `create_optimizer`) keeps it: `lr`
-reads that rate at every step, and halving on a worse validation is refused.
+optimizer whose own schedule sets its rate (Model Garden's `create_optimizer`) keeps it, times
+`factor`: `lr` reads that rate at every step, and halving scales it. Under either schedule a
+callback's assignment to `lr` scales the schedule from then on (`keep_assigned`).
 """
 
 from __future__ import annotations
@@ -134,7 +135,9 @@ class LearningRate:
         """Traced, cross-replica, before each step: lr = schedule(step) * factor -> optimizer."""
         if self.schedule is None:
             return
-        value = tf.cast(self.schedule(global_step), tf.float32) * self.factor
+        value = tf.cast(self.schedule(global_step), tf.float32)
+        if not self.own_schedule:  # the optimizer's own is scaled already (`scale_schedule`)
+            value *= self.factor
         self.lr.assign(value)
         keras_compat.sync_learning_rate(optimizer, self.lr)
 
@@ -142,7 +145,7 @@ class LearningRate:
         """Decides whose rate the run uses (module docstring). Eager, once, after the optimizer
         is built with `lr`'s value; returns None, printing one line when the two disagree."""
         if (rate := keras_compat.scheduled_rate(optimizer)) is not None:
-            self._follow_optimizer(rate, requested)
+            self._follow_optimizer(optimizer, rate, requested)
             return
         variables = keras_compat.learning_rate_variable(optimizer)
         named = variables if isinstance(variables, dict) else {"": variables}
@@ -166,8 +169,9 @@ class LearningRate:
         self.follows = False  # different rates in a dict: each keeps its own
         self._own_rates = [v for v in named.values() if v is not None]
 
-    def _follow_optimizer(self, rate: Any, requested: Any) -> None:
-        """The optimizer's own schedule sets the rate: `lr` reads it at every step. Eager."""
+    def _follow_optimizer(self, optimizer: Any, rate: Any, requested: Any) -> None:
+        """The optimizer's own schedule, times `factor`, sets the rate: `lr` reads it at every
+        step. Eager."""
         if requested is not None:
             raise ConfigError(
                 "run_experiment.learning_rate is set, and the optimizer (build_optimizer's, or "
@@ -175,25 +179,19 @@ class LearningRate:
                 "which it cannot replace; unset run_experiment.learning_rate, or build the "
                 "optimizer with a constant rate."
             )
+        keras_compat.scale_schedule(optimizer, self.factor)  # halving scales its rates
         self.schedule = lambda step: rate()
         self.follows = False
         self.own_schedule = True
         self.lr.assign(rate())
 
-    def check_halving(self, control: Any) -> None:
-        """Refuses halving on a worse validation when the optimizer's own schedule sets the
-        rate (halving could not reach it). Eager; returns None.
-
-        Raises:
-          ConfigError: naming the setting to change.
-        """
-        if self.own_schedule and control is not None and control.halve_lr_on_worse:
-            raise ConfigError(
-                "ValidationControl halves the learning rate on a worse validation, and the "
-                "optimizer follows a learning-rate schedule of its own, which halving cannot "
-                "scale; set orbitask.ValidationControl.halve_lr_on_worse = False, or give "
-                "the schedule to orbitask.run_experiment.learning_rate instead."
-            )
+    def keep_assigned(self, train_output: dict) -> None:
+        """Eager, after the callbacks of a device loop, when a schedule sets the rate: a
+        callback that assigned `lr` (rate r to r') scales the schedule by r' / r from the next
+        step on, so the assignment lasts. Returns None."""
+        logged, now = train_output["learning_rate"], float(self.lr.numpy())
+        if now != logged and logged:
+            self.factor.assign(self.factor * (now / logged))
 
     def scale(self, multiplier: float) -> None:
         """Eager: multiplies the rate (through `factor` when a schedule drives it)."""

@@ -154,7 +154,6 @@ class ExperimentRunner:
         self.lr = self.lr_control.lr
         self.optimizer = task.build_optimizer(float(self.lr.numpy()))
         self.lr_control.reconcile(self.optimizer, self.settings.loop.learning_rate)
-        self.lr_control.check_halving(self.settings.evaluation.validation_control)
         keras_compat.check_matching(self.model, self.optimizer)
         self.train_metrics = task.build_metrics(training=True) if self.training else []
         self.eval_metrics = task.build_metrics(training=False) if self.evaluating else []
@@ -276,8 +275,11 @@ class ExperimentRunner:
         return trainer
 
     def _build_train_actions(self) -> list:
-        """The Orbit train actions, in order: callbacks, results, progress, NaN guard, SIGTERM."""
+        """The Orbit train actions, in order: callbacks (and a schedule's rate they assigned),
+        results, progress, profiler, NaN guard, SIGTERM."""
         actions = [self.callbacks, self._keep_train_logs]
+        if self.lr_control.schedule is not None:  # a callback's `ctx.lr.assign` lasts
+            actions.insert(1, self.lr_control.keep_assigned)
         self.progress = None
         if self.settings.loop.progress and self.chief:
             self.progress = ProgressAction(
