@@ -147,7 +147,7 @@ def test_manager_settings_reads_the_constructor_arguments(tmp_path):
     assert compat.checkpoint_prefix(manager) == str(tmp_path / "model")
 
 
-class _Count(tf.train.experimental.PythonState):
+class _Count(compat.FrozenAtAsyncSave):
     """A count whose `frozen_copy` is marked, so the test sees which one was written."""
 
     def __init__(self, count=0):
@@ -171,19 +171,20 @@ def test_an_async_write_saves_later_children_keras_variables_and_frozen_copies(t
     checkpoint.count = count  # attached after construction: TensorFlow's writer omits it
     compat.enable_async_writes(checkpoint)
     options = tf.train.CheckpointOptions(enable_async=True)
-    for n in (1, 2):  # a Keras 3 variable fails TensorFlow's copy from the second save
+    for n in (1, 2):  # the first save copies by another path; Keras 3 fails from the second
         value.assign(float(n))
         count.count = n
-        path = checkpoint.write(str(tmp_path / f"ckpt-{n}"), options=options)
+        checkpoint.write(str(tmp_path / f"ckpt-{n}"), options=options)
         value.assign(-1.0)  # after the save returned: not what it writes
         count.count = -1
         checkpoint.sync()
-    assert compat.take_async_error(checkpoint) is None
-    restored_value, restored_count = keras.Variable(0.0), _Count()
-    restored = tf.train.Checkpoint(value=restored_value, count=restored_count)
-    restored.read(path).assert_existing_objects_matched()
-    assert float(restored_value.numpy()) == 2.0
-    assert restored_count.count == "frozen 2"
+        assert compat.take_async_error(checkpoint) is None
+    for n in (1, 2):
+        restored_value, restored_count = keras.Variable(0.0), _Count()
+        restored = tf.train.Checkpoint(value=restored_value, count=restored_count)
+        restored.read(str(tmp_path / f"ckpt-{n}")).assert_existing_objects_matched()
+        assert float(restored_value.numpy()) == float(n)
+        assert restored_count.count == f"frozen {n}"
 
 
 def test_dataset_helpers_see_an_autotuned_prefetch_under_options():

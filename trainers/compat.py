@@ -81,19 +81,28 @@ class _AsyncSaver(async_checkpoint_helper.AsyncCheckpointHelper):
 
     def _copy_to_cpu(self) -> None:
         for trackable in self._saveable_trackables:
-            if hasattr(trackable, "frozen_copy"):  # its value now, for the background write
-                self._object_map[trackable] = trackable.frozen_copy()
-                continue
             try:
                 trackable._copy_trackable_to_cpu(object_map=self._object_map)  # noqa: SLF001
             except NotImplementedError as e:
                 logging.warning("Trackable %s is written from the thread: %s", trackable, e)
 
 
+class FrozenAtAsyncSave(tf.train.experimental.PythonState):
+    """A `PythonState` that an async save writes as the copy `frozen_copy()` returns, taken on
+    the training thread at every async save, the first included (TensorFlow's
+    `_copy_trackable_to_cpu` hook); a sync save calls `serialize` as usual."""
+
+    def frozen_copy(self) -> tf.train.experimental.PythonState:
+        """Returns a `PythonState` holding this state now. Eager, on the training thread."""
+        raise NotImplementedError
+
+    def _copy_trackable_to_cpu(self, object_map) -> None:
+        object_map[self] = self.frozen_copy()
+
+
 def enable_async_writes(checkpoint: tf.train.Checkpoint) -> None:
     """Makes `checkpoint`'s async saves (`CheckpointOptions(enable_async=True)`) write every
-    child it holds now, Keras 3 variables included. A `PythonState` with a `frozen_copy()`
-    method is written as the copy that method returns on the training thread at the save.
+    child it holds now, Keras 3 variables included (a `FrozenAtAsyncSave` as its frozen copy).
     Eager; returns None. Call once, before the first save.
 
     Reaches into `tf.train.Checkpoint._async_checkpointer_impl` (made lazily from the

@@ -31,6 +31,8 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
+from orbitask.trainers import compat
+
 STEP_DIR = re.compile(r"^ckpt-(\d+)$")
 
 
@@ -39,7 +41,7 @@ def _say(message: str) -> None:
     print(f"orbitask: {message}", flush=True)
 
 
-class TrainInput(tf.train.experimental.PythonState):
+class TrainInput(compat.FrozenAtAsyncSave):
     """The run's training iterator and its saved position (see the module docstring).
 
     Args:
@@ -75,7 +77,7 @@ class TrainInput(tf.train.experimental.PythonState):
 
     def frozen_copy(self) -> tf.train.experimental.PythonState:
         """Called by an async save on the training thread (eager): returns the position now,
-        frozen for the background write (`compat.enable_async_writes`)."""
+        frozen for the background write (`compat.FrozenAtAsyncSave`)."""
         return _SavedPosition(self.serialize())
 
     def deserialize(self, string_value) -> None:
