@@ -62,15 +62,6 @@ def is_parameter_server(strategy: tf.distribute.Strategy) -> bool:
     return isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
 
 
-def is_multi_worker(strategy: tf.distribute.Strategy) -> bool:
-    """True for a strategy of several processes (`multi_worker_mirrored`, `parameter_server`)."""
-    kinds = (
-        tf.distribute.MultiWorkerMirroredStrategy,
-        tf.distribute.experimental.ParameterServerStrategy,
-    )
-    return isinstance(strategy, kinds)
-
-
 def num_ps_workers(strategy: tf.distribute.Strategy) -> int:
     """The number of workers a `ParameterServerStrategy` schedules on."""
     return compat.ps_num_workers(strategy)
