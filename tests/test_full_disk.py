@@ -1,5 +1,6 @@
 """A full disk during a save: one line naming the path, the half-written checkpoint removed, the
-previous one intact and restorable, a non-zero exit (4).
+previous one intact and restorable, a non-zero exit (4); on one process, sync and async, and on the
+chief of two workers saving asynchronously.
 
 The model directory is a small tmpfs (the test machines run as root); where mounting is not
 permitted the test is skipped, saying so.
@@ -12,7 +13,7 @@ import uuid
 import pytest
 import tensorflow as tf
 
-from tests import faults
+from tests import faults, launching
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -64,6 +65,36 @@ def test_a_full_disk_stops_the_run_with_one_line_and_keeps_the_previous_checkpoi
         "ckpt-20.data-00000-of-00001",
         "ckpt-20.index",
     ]
+    reader = tf.train.load_checkpoint(latest)
+    for name, dtype in reader.get_variable_to_dtype_map().items():
+        if dtype != tf.variant:
+            reader.get_tensor(name)
+
+
+def test_a_full_disk_on_the_chief_of_two_workers_saving_asynchronously_stops_the_job(
+    small_disk, tmp_path
+):
+    """multi_worker_mirrored through the launcher, the model directory on the small disk: the
+    chief's background write of ckpt-40 fails; the next save raises it as the one line, the job
+    exits 4, and ckpt-20 stays intact."""
+    model = small_disk / "model"
+    extra = [
+        "orbitask.DigitsClassification.hidden_units=(2048,)",
+        "orbitask.Task.max_to_keep=5",
+        "orbitask.run_experiment.async_checkpoints=True",
+    ]
+    status, text = launching.run(
+        ["--workers", "2"], launching.train_flags(model, 60, extra), tmp_path
+    )
+    assert status == 4, text[-3000:]
+    assert "orbitask launch: worker 0 exited with status 4; stopping the job" in text
+    errors = [line for line in text.splitlines() if line.startswith("[worker 0] orbitask: error:")]
+    assert len(errors) == 1, text[-3000:]
+    assert f"no space left on the device to write checkpoint {model}/ckpt-40" in errors[0]
+    assert "is intact" in errors[0]
+    assert not [d for d, _, _ in os.walk(model) if "_temp" in d]
+    latest = tf.train.latest_checkpoint(str(model))
+    assert latest is not None and latest.endswith("ckpt-20")
     reader = tf.train.load_checkpoint(latest)
     for name, dtype in reader.get_variable_to_dtype_map().items():
         if dtype != tf.variant:
