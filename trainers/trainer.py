@@ -189,9 +189,10 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         def loop(iterator, num_steps):
             if sync:
                 keras_compat.sync_learning_rate(self.optimizer, self.lr)
-            logs = step(iterator)
-            i = tf.ones_like(num_steps)
+            logs, invariants = _logs_before_first_step(step, iterator)
+            i = tf.zeros_like(num_steps)
             while more(i, num_steps):  # a tripped NaN guard hands over to the host
+                tf.autograph.experimental.set_loop_options(shape_invariants=invariants)
                 logs = step(iterator)
                 i += 1
             return self._loop_output(logs)
@@ -200,11 +201,11 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         def recording_loop(iterator, num_steps):
             if sync:
                 keras_compat.sync_learning_rate(self.optimizer, self.lr)
-            logs = step(iterator)
+            logs, invariants = _logs_before_first_step(step, iterator)
             history = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
-            history = history.write(0, record(logs))
-            i = tf.ones_like(num_steps)
+            i = tf.zeros_like(num_steps)
             while more(i, num_steps):
+                tf.autograph.experimental.set_loop_options(shape_invariants=invariants)
                 logs = step(iterator)
                 history = history.write(i, record(logs))
                 i += 1
@@ -267,6 +268,27 @@ class _LoopRecord:
     def __init__(self):
         self.last_step: int | None = None
         self.history: tuple[int, dict] = (0, {})
+
+
+def _logs_before_first_step(step: Any, iterator: Any) -> tuple[Any, list]:
+    """Zeros shaped like one step's logs, the device loop's value before its first step, and
+    the shape invariants of those whose shape a step leaves open. Traced, in the loop function.
+
+    The step is traced on its own, in a graph that never runs, to learn its logs; the loop
+    then traces it once more, inside the `tf.while_loop`, as its only instance. So a loop of
+    any length runs the same ops: a stateful random op of the step (tf_keras' dropout, a
+    `tf.random.normal` in a stage) draws one sequence whatever the loop lengths.
+    """
+    outputs = tf.function(step).get_concrete_function(iterator).structured_outputs
+    logs, invariants = [], []
+    for value in tf.nest.flatten(outputs):
+        value = tf.convert_to_tensor(value)
+        shape = value.shape
+        zero = tf.zeros([d or 0 for d in shape.as_list()] if shape.rank is not None else [], value.dtype)
+        if not shape.is_fully_defined():
+            invariants.append((zero, shape))
+        logs.append(zero)
+    return tf.nest.pack_sequence_as(outputs, logs), invariants
 
 
 def _trainable_signature(model: Any) -> tuple:
