@@ -195,7 +195,7 @@ class Task:
         return loss, extra_loss, model.trainable_variables
 
     def update_pre(self, gradients, loss, outputs, batch, model, loss_fn, lr, optimizer):
-        """Returns `(update_gradients, display_gradients)`: NaN -> 0, then global-norm clip.
+        """Returns `(update_gradients, display_gradients)`: NaN/Inf -> 0, then global-norm clip.
 
         Traced by tf.function, per replica. Receives the gradient already summed over replicas,
         so clipping sees the global norm. The display list is a `tasks.gradients.Gradients`
@@ -267,6 +267,7 @@ class Task:
         global_batch_size: int,
         micro_batches: int = 1,
         loss_scale: Any = None,
+        check_finite: bool = False,
     ) -> tuple[list, list, dict[str, tf.Tensor]]:
         """The default train step up to, not including, `apply_gradients`. Traced by tf.function.
 
@@ -275,11 +276,13 @@ class Task:
         to one batch K times larger); `global_batch_size` is then the examples of all K.
 
         With `loss_scale` (mixed_float16), the loss is scaled up before differentiation and the
-        gradients scaled back; logs then carry `nonfinite_gradients` (1.0 on overflow), checked on
-        the all-reduced gradient before `update_pre`.
+        gradients scaled back. With `loss_scale` or `check_finite`, logs carry
+        `nonfinite_gradients` (1.0 when an entry is NaN or +-Inf), checked on the all-reduced
+        gradient before `update_pre`.
 
-        Returns `(update_gradients, trainable_vars, logs)`. The trainer's NaN guard calls this and
-        applies the update only when every replica's loss is finite.
+        Returns `(update_gradients, trainable_vars, logs)`. The trainer's NaN guard calls this
+        with `check_finite=True` and applies the update only when every replica's loss and the
+        all-reduced gradient are finite.
         """
         replicas = tf.distribute.get_replica_context().num_replicas_in_sync
         parts = batch if micro_batches > 1 else (batch,)
@@ -299,8 +302,9 @@ class Task:
             scaled_sum = scaled if scaled_sum is None else scaled_sum + scaled
             total = gradients_lib.add(total, gradients)
         gradients = gradients_lib.all_reduce_sum(total)
-        # float16 overflow: the trainer skips the update and lowers the scale
-        finite = gradients_lib.all_finite(gradients) if loss_scale is not None else None
+        # A non-finite entry: the NaN guard skips the update; float16 overflow lowers the scale
+        check = loss_scale is not None or check_finite
+        finite = gradients_lib.all_finite(gradients) if check else None
         update, display = self.update_pre(
             gradients, aux["loss"], aux["outputs"], part, model, loss_fn, lr, optimizer
         )

@@ -1,13 +1,17 @@
-"""Gradient handling of the default step: the all-reduce, the NaN fix, clipping, the global norm.
+"""Gradient handling of the default step: the all-reduce, the non-finite fix, clipping, the norm.
 
 All traced by tf.function, per replica. `zero_nans_and_clip` is the default `Task.update_pre`:
-NaN entries become 0, then the gradient is clipped to a global norm (the seed's behaviour). A
-NaN anywhere makes the global norm NaN, so the per-element fix runs under a `tf.cond` only then,
-instead of a `tf.where` on every gradient at every step. The result is the same.
+non-finite entries (NaN, +Inf, -Inf) become 0, then the gradient is clipped to a global norm (the
+seed's behaviour, extended from NaN to every non-finite entry). A non-finite entry makes the global
+norm non-finite, so the per-element fix runs under a `tf.cond` only then, instead of a `tf.where`
+on every gradient at every step. Finite entries whose squares overflow float32 make the norm
+infinite too; that same rare branch then computes the norm and the clip on the gradients divided
+by their largest magnitude, so the clipped gradients are finite and point the same way.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
@@ -24,24 +28,28 @@ class Gradients(list):
 
 
 def zero_nans_and_clip(gradients: list, clip_norm: float | None) -> tuple[list, list]:
-    """NaN -> 0, then a clip to global norm `clip_norm` (None: no clip). Traced.
+    """Non-finite entries -> 0, then a clip to global norm `clip_norm` (None: no clip). Traced.
 
-    Returns `(update_gradients, display_gradients)`, None entries kept in place; the display
-    list (the gradients after the NaN fix) is a `Gradients` carrying its global norm.
+    Returns `(update_gradients, display_gradients)`, None entries kept in place (IndexedSlices
+    too: their values are fixed). The update gradients are finite. The display list (the
+    gradients after the non-finite fix, before the clip) is a `Gradients` carrying its global
+    norm, the `grad_norm` log: the true norm, computed without overflow, and +Inf only when that
+    norm itself exceeds the float32 range (e.g. two entries of 3e38); never clamped.
     """
     present = [g for g in gradients if g is not None]
     if not present:
         return list(gradients), list(gradients)
     norm = tf.linalg.global_norm(present)
-    present, norm = tf.cond(
-        tf.math.is_nan(norm), lambda: _zero_nans(present), lambda: (present, norm)
+    present, clipped, norm = tf.cond(
+        tf.math.is_finite(norm),
+        lambda: (present, _clip(present, clip_norm, norm), norm),
+        lambda: _finite_and_clipped(present, clip_norm),
     )
     it = iter(present)
     display = Gradients(None if g is None else next(it) for g in gradients)
     display.global_norm = norm
     if clip_norm is None:
         return display, display
-    clipped, _ = tf.clip_by_global_norm(present, clip_norm, use_norm=norm)
     it = iter(clipped)
     return [None if g is None else next(it) for g in display], display
 
@@ -83,8 +91,9 @@ def add(total: list | None, gradients: list) -> list:
 
 
 def all_finite(gradients: list) -> tf.Tensor:
-    """A boolean scalar: every gradient (None ones skipped) is finite. Traced."""
-    return tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in gradients if g is not None])
+    """A boolean scalar: every gradient entry (None gradients skipped) is finite. Traced."""
+    checks = [tf.reduce_all(tf.math.is_finite(_values(g))) for g in gradients if g is not None]
+    return tf.reduce_all(checks) if checks else tf.constant(True)
 
 
 def unscale(gradients: list, loss_scale: Any) -> list:
@@ -106,13 +115,60 @@ def is_python_zero(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
 
 
-def _zero_nans(gradients: list) -> tuple[list, tf.Tensor]:
-    """The gradients with NaN entries set to 0, and their global norm (traced)."""
-    fixed = []
-    for g in gradients:
-        if isinstance(g, tf.IndexedSlices):
-            values = tf.where(tf.math.is_nan(g.values), tf.zeros_like(g.values), g.values)
-            fixed.append(tf.IndexedSlices(values, g.indices, g.dense_shape))
-        else:
-            fixed.append(tf.where(tf.math.is_nan(g), tf.zeros_like(g), g))
-    return fixed, tf.linalg.global_norm(fixed)
+def _values(g: Any) -> tf.Tensor:
+    """A gradient's entries: the values of an IndexedSlices, else the tensor itself."""
+    return g.values if isinstance(g, tf.IndexedSlices) else g
+
+
+def _map(fn: Callable, g: Any) -> Any:
+    """`fn` applied to a gradient's entries, an IndexedSlices kept as one."""
+    if isinstance(g, tf.IndexedSlices):
+        return tf.IndexedSlices(fn(g.values), g.indices, g.dense_shape)
+    return fn(g)
+
+
+def _clip(gradients: list, clip_norm: float | None, norm: tf.Tensor) -> list:
+    """`tf.clip_by_global_norm` with the known, finite `norm` (None: no clip). Traced."""
+    if clip_norm is None:
+        return gradients
+    clipped, _ = tf.clip_by_global_norm(gradients, clip_norm, use_norm=norm)
+    return clipped
+
+
+def _finite_and_clipped(gradients: list, clip_norm: float | None) -> tuple[list, list, tf.Tensor]:
+    """The rare branch: `(fixed, clipped, norm)`, NaN and +-Inf entries set to 0. Traced.
+
+    When the fixed gradients' squares still overflow, the norm and the clip come from the
+    gradients divided by their largest magnitude (`_rescaled_clip`).
+    """
+    fixed = [
+        _map(lambda v: tf.where(tf.math.is_finite(v), v, tf.zeros_like(v)), g) for g in gradients
+    ]
+    norm = tf.linalg.global_norm(fixed)
+    clipped, norm = tf.cond(
+        tf.math.is_finite(norm),
+        lambda: (_clip(fixed, clip_norm, norm), norm),
+        lambda: _rescaled_clip(fixed, clip_norm),
+    )
+    return fixed, clipped, norm
+
+
+def _rescaled_clip(gradients: list, clip_norm: float | None) -> tuple[list, tf.Tensor]:
+    """`(clipped, norm)` of finite gradients whose sum of squares overflows. Traced.
+
+    Divided by their largest magnitude, the entries lie in [-1, 1] and the norm of that is at
+    least 1 and finite; `norm` is it times the largest magnitude (+Inf past the float32 range).
+    The clip multiplies the divided entries by `clip_norm / unit_norm`: no overflow, and no
+    factor so small that it is flushed to 0.
+    """
+    largest = tf.reduce_max(
+        tf.stack([tf.maximum(tf.reduce_max(tf.abs(_values(g))), 0) for g in gradients])
+    )
+    unit = [_map(lambda v: v / largest, g) for g in gradients]
+    unit_norm = tf.linalg.global_norm(unit)
+    norm = largest * unit_norm
+    if clip_norm is None:
+        return gradients, norm
+    factor = clip_norm / unit_norm
+    scaled = [_map(lambda v: v * factor, u) for u in unit]
+    return tf.cond(norm > clip_norm, lambda: scaled, lambda: gradients), norm

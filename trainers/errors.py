@@ -10,7 +10,7 @@ class NoSpaceError(ConfigError):
 
 
 class NonFiniteLossError(RuntimeError):
-    """Training stopped because the loss stayed non-finite after the allowed rollbacks."""
+    """Training stopped: the loss or its gradient stayed non-finite after the allowed rollbacks."""
 
 
 class Preempted(RuntimeError):

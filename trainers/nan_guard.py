@@ -1,8 +1,12 @@
-"""`NanGuard`: skip updates whose loss is not finite; roll back once after K bad steps in a row.
+"""`NanGuard`: skip updates whose loss or gradient is not finite; roll back once after K bad
+steps in a row.
 
-Off by default (the seed's behaviour: NaN gradients zeroed, step taken). Enable it in gin with
-`orbitask.run_experiment.nan_guard = @orbitask.NanGuard()`. Works with the default `train_step`
-(it needs `Task.compute_update`); a task that overrides `train_step` whole is rejected.
+A step is bad when its loss or any entry of its all-reduced gradient (before `update_pre` zeroes
+non-finite entries) is NaN or +-Inf; a bad step is detected before its update and applies none.
+Off by default (the default `update_pre` then zeroes non-finite gradient entries and the step is
+taken). Enable it in gin with `orbitask.run_experiment.nan_guard = @orbitask.NanGuard()`. Works
+with the default `train_step` (it needs `Task.compute_update`); a task that overrides
+`train_step` whole is rejected.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from orbitask.trainers.errors import ConfigError, NonFiniteLossError
 
 @gin.configurable("NanGuard", module="orbitask")
 class NanGuard:
-    """Skips non-finite steps (weights, optimizer slots and iterations unchanged).
+    """Skips steps whose loss or gradient is not finite (weights, optimizer slots and
+    iterations unchanged).
 
     Args:
       patience: consecutive skipped steps that trigger a rollback to the latest checkpoint.
@@ -87,16 +92,17 @@ class NanGuard:
         step = int(global_step.numpy())
         if self.rollbacks >= self.max_rollbacks:
             raise NonFiniteLossError(
-                f"the loss was not finite for {self.patience} consecutive steps (up to step "
-                f"{step}) after {self.rollbacks} rollback(s); stopping. Check the input data "
-                "or lower the learning rate; the checkpoints in the model directory are intact."
+                f"the loss or its gradient was not finite for {self.patience} consecutive steps "
+                f"(up to step {step}) after {self.rollbacks} rollback(s); stopping. Check the "
+                "input data or lower the learning rate; the checkpoints in the model directory "
+                "are intact."
             )
         manager.sync()  # an async save under way is the newest checkpoint once written
         path = manager.latest_checkpoint
         if path is None:
             raise NonFiniteLossError(
-                f"the loss was not finite for {self.patience} consecutive steps (up to step "
-                f"{step}) and there is no checkpoint to roll back to; stopping."
+                f"the loss or its gradient was not finite for {self.patience} consecutive steps "
+                f"(up to step {step}) and there is no checkpoint to roll back to; stopping."
             )
         with strategy.scope():
             checkpoint.restore(path)
@@ -108,5 +114,8 @@ class NanGuard:
             step,
             path,
         )
-        print(f"orbitask: non-finite loss up to step {step}; rolled back to {path}", flush=True)
+        print(
+            f"orbitask: non-finite loss or gradient up to step {step}; rolled back to {path}",
+            flush=True,
+        )
         return True

@@ -142,8 +142,8 @@ class FeatureSettings:
     """Optional features, each off (None) unless set.
 
     Attributes:
-      nan_guard: an `orbitask.NanGuard` to skip non-finite steps and roll back; None keeps the
-        seed's behaviour (NaN gradients zeroed, step taken).
+      nan_guard: an `orbitask.NanGuard` to skip steps whose loss or gradient is not finite and
+        roll back; None: the default update zeroes non-finite gradient entries, step taken.
       mixed_precision: None, "mixed_float16" (the default step scales the loss dynamically and
         skips overflowing steps) or "mixed_bfloat16"; the Keras policy of both flavours while
         the model is built. Give the model a float32 output layer.

@@ -8,8 +8,9 @@
 
 `PlainBody` runs a replica function on every replica: the task's `train_step`, or (gradient
 accumulation) the task's `compute_update` over K micro-batches followed by `apply_gradients`.
-`GuardedBody` computes the update on every replica and applies it only when every loss is finite
-(NaN guard) and, with float16 loss scaling, the all-reduced gradient is finite too.
+`GuardedBody` computes the update on every replica and applies it only when every loss and the
+all-reduced gradient (before the task's `update_pre` fixes it) are finite: NaN guard, float16 loss
+scaling.
 """
 
 from __future__ import annotations
@@ -68,12 +69,23 @@ class ReplicaBatches:
 
 
 class ReplicaUpdate:
-    """The update one replica computes (the task's `compute_update`), and how it is applied."""
+    """The update one replica computes (the task's `compute_update`), and how it is applied.
 
-    def __init__(self, objects: TaskObjects, accumulation: int, loss_scale: Any = None):
+    `check_finite`: the logs carry `nonfinite_gradients` (`Task.compute_update`), as they do
+    with a loss scale.
+    """
+
+    def __init__(
+        self,
+        objects: TaskObjects,
+        accumulation: int,
+        loss_scale: Any = None,
+        check_finite: bool = False,
+    ):
         self.objects = objects
         self.accumulation = accumulation
         self.loss_scale = loss_scale
+        self.check_finite = check_finite
 
     def compute(self, batch) -> tuple[list, list, dict]:
         """Traced, in replica context: returns `(update, variables, logs)`."""
@@ -88,6 +100,7 @@ class ReplicaUpdate:
             global_batch_size=o.global_batch_size * self.accumulation,
             micro_batches=self.accumulation,
             loss_scale=None if self.loss_scale is None else self.loss_scale.scale,
+            check_finite=self.check_finite,
         )
 
     def compute_and_apply(self, batch) -> dict:
@@ -137,9 +150,12 @@ class PlainBody:
 
 
 class GuardedBody:
-    """Computes the update on every replica; applies it only if every loss is finite (NaN
-    guard) and, with float16 loss scaling, the all-reduced gradient too.
+    """Computes the update on every replica; applies it only if every loss and every entry of
+    the all-reduced gradient, as computed before `update_pre` zeroes non-finite entries, are
+    finite. The check comes before any variable changes.
 
+    The NaN guard counts a step as bad for a non-finite loss or gradient; with float16 loss
+    scaling a non-finite gradient is an overflow, which lowers the scale and is not counted.
     The condition lives in cross-replica context: a `tf.cond` around `apply_gradients` inside
     `strategy.run` would cross a synchronisation point, which tf.distribute forbids.
     """
@@ -173,7 +189,7 @@ class GuardedBody:
         total = tf.distribute.ReduceOp.SUM
         bad_loss = self.strategy.reduce(total, logs.pop("nonfinite"), axis=None) > 0
         overflow = self.strategy.reduce(total, logs.pop("nonfinite_gradients"), axis=None) > 0
-        bad = tf.logical_or(bad_loss, overflow) if self.loss_scale is not None else bad_loss
+        bad = tf.logical_or(bad_loss, overflow)
 
         def apply():
             def replica_apply(gradients):
@@ -186,7 +202,7 @@ class GuardedBody:
         tf.cond(bad, lambda: tf.constant(True), apply)
         extra = {}
         if self.nan_guard is not None:
-            self.nan_guard.record(bad_loss)
+            self.nan_guard.record(bad_loss if self.loss_scale is not None else bad)
             extra["nonfinite_steps"] = tf.cast(self.nan_guard.skipped, tf.float32)
         if self.loss_scale is not None:
             self.loss_scale.update(overflow)
@@ -248,7 +264,7 @@ class TrainStep:
         self.objects = objects
         self.schedule = schedule
         self.batches = ReplicaBatches(strategy, accumulation)
-        update = ReplicaUpdate(objects, accumulation, loss_scale)
+        update = ReplicaUpdate(objects, accumulation, loss_scale, nan_guard is not None)
         if nan_guard is not None or loss_scale is not None:
             self.body = GuardedBody(strategy, update, nan_guard, loss_scale)
         elif accumulation > 1:

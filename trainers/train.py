@@ -16,7 +16,7 @@ import tokenize
 from absl import flags
 
 EXIT_USAGE = 2  # a user mistake, found before any work
-EXIT_NONFINITE = 3  # the loss stayed non-finite after the NanGuard's rollbacks
+EXIT_NONFINITE = 3  # the loss or gradient stayed non-finite after the NanGuard's rollbacks
 EXIT_NO_SPACE = 4  # the disk filled during a save; the previous checkpoint is intact
 EXIT_PREEMPTED = 75  # SIGTERM: checkpoint saved, run the same command again to resume
 
