@@ -8,6 +8,8 @@ across replicas differently. Everything flavour-specific lives here.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import keras
@@ -253,3 +255,33 @@ def rename_metric(metric: Any, name: str) -> None:
         metric.name = name  # Keras 3
     except AttributeError:
         metric._name = name  # noqa: SLF001
+
+
+@contextlib.contextmanager
+def saved_layer_randomness() -> Iterator[None]:
+    """While open, tf_keras layers built draw from a `tf.random.Generator` (its public
+    `enable_tf_random_generator` switch), whose state is a variable a checkpoint can hold.
+
+    tf_keras' default draws dropout masks with stateful ops whose state lives in the op's
+    kernel: it cannot be saved, and a second trace of a step starts its sequence again. A
+    layer chooses when it is built, so the switch is on only while `build_model` runs; it is
+    set back as it was on exit. Keras 3 layers draw from `SeedGenerator` variables already.
+    """
+    experimental = tf_keras.backend.experimental
+    was_on = experimental.is_tf_random_generator_enabled()
+    experimental.enable_tf_random_generator()
+    try:
+        yield
+    finally:
+        if not was_on:
+            experimental.disable_tf_random_generator()
+
+
+def layer_generator(obj: Any) -> tf.random.Generator | None:
+    """The `tf.random.Generator` behind a tf_keras layer's random generator (`obj`, the
+    `_random_generator` of a dropout or noise layer), or None: a legacy or stateless one, or
+    another object. Reads tf_keras' private `_generator`; tests/test_compat.py checks it."""
+    if type(obj).__name__ != "RandomGenerator" or not type(obj).__module__.startswith("tf_keras"):
+        return None
+    generator = getattr(obj, "_generator", None)
+    return generator if isinstance(generator, tf.random.Generator) else None

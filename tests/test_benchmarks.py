@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import tensorflow as tf
 
 from orbitask.trainers import ConfigError, run_experiment
 from tests.helpers import TinyTask
@@ -127,20 +126,6 @@ def test_jit_compile_hands_the_train_step_to_xla(tmp_path):
 def test_jit_compile_on_logical_cpu_replicas_is_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"`jit_compile=True` cannot run 2 replicas"):
         _loss(tmp_path, "xla2", strategy="mirrored", jit_compile=True)
-
-
-class NoisyTask(TinyTask):
-    """Augments with a stateful random op, which a checkpoint cannot hold."""
-
-    def build_inputs(self, per_replica_batch_size, input_context=None, training=True):
-        dataset = super().build_inputs(per_replica_batch_size, input_context, training)
-        return dataset.map(lambda x, y: (x + tf.random.normal(tf.shape(x), stddev=0.01), y))
-
-
-def test_stateful_training_input_is_refused_before_the_first_step(tmp_path):
-    with pytest.raises(ConfigError, match=r"NoisyTask.build_inputs\(training=True\) uses Random"):
-        run_experiment(NoisyTask(), str(tmp_path), mode="train", train_steps=2, global_batch_size=8)
-    assert not list(tmp_path.glob("ckpt-*"))
 
 
 def test_loop_length_benchmark_times_short_and_long_loops_on_one_iterator():

@@ -208,3 +208,41 @@ def test_including_the_defaults_from_another_directory_logs_no_false_error(
     with caplog.at_level("INFO"):
         parse_gin(["experiments/digits.gin"], [])
     assert not [r for r in caplog.records if "Path not found" in r.getMessage()]
+
+
+def test_graph_ops_reach_into_conds_loops_and_called_functions():
+    @tf.function
+    def inner(x):
+        return x + tf.random.normal([3])
+
+    @tf.function
+    def step(x):
+        y = tf.cond(x[0] > 0, lambda: inner(x), lambda: x)
+        for _ in tf.range(2):
+            y += tf.random.uniform([3])
+        return y
+
+    graph = step.get_concrete_function(tf.TensorSpec([3])).graph
+    kinds = {op.type for op in compat.graph_ops(graph)}
+    assert {"RandomStandardNormal", "RandomUniform"} <= kinds, kinds
+
+
+def test_dataset_graph_def_holds_the_map_functions_stateful_ops():
+    def jitter(x):
+        return tf.cast(x, tf.float32) + tf.random.uniform([])
+
+    graph_def = compat.dataset_graph_def(tf.data.Dataset.range(3).map(jitter))
+    ops = {n.op for f in graph_def.library.function for n in f.node_def}
+    assert "RandomUniform" in ops, ops
+
+
+def test_a_tf_keras_layers_generator_is_reached():
+    import tf_keras
+
+    from orbitask.tasks import keras_compat
+
+    with keras_compat.saved_layer_randomness():
+        layer = tf_keras.layers.Dropout(0.5)
+    layer.build((None, 3))
+    assert isinstance(keras_compat.layer_generator(layer._random_generator), tf.random.Generator)
+    assert keras_compat.layer_generator(object()) is None

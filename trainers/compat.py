@@ -174,3 +174,31 @@ def quiet_gin_path_probes() -> Iterator[None]:
         yield
     finally:
         root.removeFilter(probe)
+
+
+def graph_ops(graph: tf.Graph) -> Iterator[tf.Operation]:
+    """Every op of `graph` and of the functions it calls (`If`/`While` branches and bodies,
+    `PartitionedCall`s), each function once. Eager. Uses `Graph._get_function`."""
+    seen: set[str] = set()
+    todo = [graph]
+    while todo:
+        current = todo.pop()
+        for op in current.get_operations():
+            yield op
+            for attr in op.node_def.attr.values():
+                names = [attr.func.name] if attr.func.name else [f.name for f in attr.list.func]
+                for name in names:
+                    function = current._get_function(name)  # noqa: SLF001
+                    if name not in seen and function is not None:
+                        seen.add(name)
+                        todo.append(function.graph)
+
+
+def dataset_graph_def(dataset: tf.data.Dataset) -> tf.compat.v1.GraphDef:
+    """The GraphDef of `dataset`'s pipeline, functions included, stateful ops kept. Eager.
+    Uses `Dataset._as_serialized_graph`."""
+    policy = tf.data.experimental.ExternalStatePolicy.IGNORE
+    serialized = dataset._as_serialized_graph(external_state_policy=policy)  # noqa: SLF001
+    graph_def = tf.compat.v1.GraphDef()
+    graph_def.ParseFromString(serialized.numpy())
+    return graph_def

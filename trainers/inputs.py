@@ -33,7 +33,7 @@ import tensorflow as tf
 from absl import logging
 
 from orbitask.tasks.indexed_input import IndexedInput
-from orbitask.trainers import compat
+from orbitask.trainers import compat, random_state
 from orbitask.trainers.cluster import is_parameter_server, num_ps_workers
 from orbitask.trainers.errors import ConfigError
 from orbitask.trainers.input_position import (
@@ -123,16 +123,33 @@ def train_input(
 
     if pipelines > 1:
         warn_if_unsharded(task, source, per_replica, context)
+    unsaved = unsaved_draws_options(task, source)
 
     def rebuild(dataset=None):
         if dataset is None:
             with tf.device("/cpu:0"):
                 dataset = _source(task, per_replica, context, training=True)
+        if unsaved is not None:
+            dataset = dataset.with_options(unsaved)
         return _train_iterator(task, dataset, per_replica, local * accumulation)
 
     return IteratorInput(
         rebuild(source), global_step, per_step, rebuild, model_dir, index, pipelines, keep
     )
+
+
+def unsaved_draws_options(task: Any, dataset: tf.data.Dataset) -> tf.data.Options | None:
+    """Options that let a checkpoint save the position of a pipeline with stateful random ops
+    (their state left out), after one line naming them (`random_state.say_unsaved`); None for
+    a pipeline without them. Eager, once: serializes the pipeline's graph."""
+    draws = random_state.unsaved_input_draws(dataset)
+    if not draws:
+        return None
+    where = f"{type(task).__name__}.build_inputs(training=True)"
+    random_state.say_unsaved(where, draws, random_state.INPUT_FIX)
+    options = tf.data.Options()
+    options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
+    return options
 
 
 def warn_if_unsharded(task: Any, dataset: tf.data.Dataset, per_replica: int, context) -> bool:

@@ -1,10 +1,16 @@
 """Random state the task's objects own, found so that checkpoints save it (exact resume).
 
 A `keras.random.SeedGenerator` keeps its state in a variable that `tf.train.Checkpoint` does not
-reach through a Keras 3 model or a plain Python object, and a `tf.random.Generator` on a task is
-not tracked either. `find` walks the task, its model(s) and its loss object for both, so the
-runner checkpoints them under `random_state/`. Host random generators (Python's `random.Random`,
-NumPy's) cannot be saved in a checkpoint: they are named in a warning.
+reach through a Keras 3 model or a plain Python object; a `tf.random.Generator` on a task, or
+behind a tf_keras dropout layer (built with `keras_compat.saved_layer_randomness`), is not
+tracked either. `find` walks the task, its model(s) and its loss object for them, so the runner
+checkpoints them under `random_state/`.
+
+What no checkpoint can hold is named in one line at start, with the fix: host generators
+(Python's `random.Random`, NumPy's), and TensorFlow's stateful random ops (`tf.random.normal`,
+`tf.image.random_flip_left_right`, `tf.image.sample_distorted_bounding_box`, ...) in the train
+step (`unsaved_step_draws`) or in the training input pipeline (`unsaved_input_draws`), whose
+state lives in the op's kernel: a resumed run draws their sequence from its start again.
 """
 
 from __future__ import annotations
@@ -18,6 +24,9 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 from absl import logging
+
+from orbitask.tasks import keras_compat
+from orbitask.trainers import compat
 
 _HOST = (random.Random, np.random.RandomState, np.random.Generator)
 _MAX_DEPTH = 8
@@ -44,6 +53,9 @@ def find(roots: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
             return
         if isinstance(obj, tf.random.Generator):
             saved[path] = obj
+            return
+        if (generator := keras_compat.layer_generator(obj)) is not None:
+            saved[path] = generator
             return
         if isinstance(obj, _HOST):
             host.append(path)
@@ -86,6 +98,87 @@ def checkpointable(roots: dict[str, Any]) -> tf.train.Checkpoint | None:
     if not saved:
         return None
     return tf.train.Checkpoint(**{_key(path): state for path, state in saved.items()})
+
+
+# TensorFlow's random ops whose state is kept in the op's kernel, not in a variable.
+STATEFUL_RANDOM_OPS = frozenset(
+    {
+        "RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal",
+        "ParameterizedTruncatedNormal", "RandomShuffle", "RandomCrop", "Multinomial",
+        "RandomGamma", "RandomPoisson", "RandomPoissonV2", "SampleDistortedBoundingBox",
+        "SampleDistortedBoundingBoxV2",
+    }
+)  # fmt: skip
+_LIBRARY_PATHS = ("/tensorflow/", "/keras/", "/tf_keras/", "/orbit/", "/orbitask/", "/absl/")
+
+
+def unsaved_step_draws(graph: Any) -> list[str]:
+    """Names the stateful random ops of a traced step (`graph`, a FuncGraph, with the functions
+    it calls, conds and loops included), each as `"OpType (file:line)"` at the innermost frame
+    of the user's code that created it (`file:line` left out when none is found). Eager."""
+    found = []
+    for op in compat.graph_ops(graph):
+        if op.type in STATEFUL_RANDOM_OPS:
+            where = _user_frame(op)
+            found.append(f"{op.type} ({where})" if where else op.type)
+    return sorted(set(found))
+
+
+def unsaved_input_draws(dataset: tf.data.Dataset) -> list[str]:
+    """Names the stateful random ops of a `tf.data` pipeline, each as `"OpType in fn"` with the
+    name of the traced function (a `map` of `build_inputs`, ...) that holds it. Eager, once."""
+    found = set()
+    graph_def = compat.dataset_graph_def(dataset)
+    for node in graph_def.node:
+        if node.op in STATEFUL_RANDOM_OPS:
+            found.add(node.op)
+    for function in graph_def.library.function:
+        for node in function.node_def:
+            if node.op in STATEFUL_RANDOM_OPS:
+                found.add(f"{node.op} in {_function_name(function.signature.name)}")
+    return sorted(found)
+
+
+def say_unsaved(where: str, draws: list[str], fix: str) -> None:
+    """Warns, in one line on stdout and in the log, that `draws` in `where` are not saved in
+    checkpoints, what that costs and `fix`. Eager; returns None."""
+    message = (
+        f"{where} draws random numbers with stateful ops ({', '.join(draws)}) whose state "
+        "checkpoints cannot hold: a resumed run repeats or changes those draws, so it differs "
+        f"from an uninterrupted one. {fix}"
+    )
+    logging.warning(message)
+    print(f"orbitask: warning: {message}", flush=True)
+
+
+STEP_FIX = (
+    "Draw from a keras.random.SeedGenerator or a tf.random.Generator kept on the task or model "
+    "(saved with the checkpoint), or use tf.random.stateless_* ops."
+)
+INPUT_FIX = (
+    "Use stateless ops (tf.random.stateless_*, tf.image.stateless_random_*) with seeds from "
+    "tf.data.Dataset.random() zipped in, or an orbitask.IndexedInput."
+)
+
+
+def _user_frame(op: Any) -> str | None:
+    """`file:line` of the innermost frame outside TensorFlow, Keras, Orbit and orbitask."""
+    for frame in reversed(op.traceback):
+        name = frame.filename
+        if "__autograph_generated" in name or any(p in name for p in _LIBRARY_PATHS):
+            continue
+        if name.startswith(sys.prefix) and "site-packages" not in name:
+            continue  # the standard library
+        return f"{name.rsplit('/', 1)[-1]}:{frame.lineno}"
+    return None
+
+
+def _function_name(name: str) -> str:
+    """`__inference_Dataset_map_parse_example_123` -> `parse_example`."""
+    for prefix in ("__inference_", "Dataset_map_", "Dataset_flat_map_", "Dataset_filter_"):
+        name = name.removeprefix(prefix)
+    head, _, tail = name.rpartition("_")
+    return head if tail.isdigit() else name
 
 
 def _key(path: str) -> str:

@@ -143,7 +143,7 @@ class ExperimentRunner:
     def _build_objects(self) -> None:
         """The task's model, loss, optimizer and metrics, the step and the learning rate."""
         task, features = self.task, self.settings.features
-        with precision_policy(features.mixed_precision):
+        with precision_policy(features.mixed_precision), keras_compat.saved_layer_randomness():
             self.model = task.build_model()
         if task.keras_flavour is None:
             task.keras_flavour = keras_compat.model_flavour(self.model) or keras_compat.KERAS3

@@ -24,6 +24,7 @@ import orbit
 import tensorflow as tf
 
 from orbitask.tasks import keras_compat
+from orbitask.trainers import random_state
 from orbitask.trainers.evaluation import TaskEvaluator, to_python
 
 
@@ -189,7 +190,7 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         def loop(iterator, num_steps):
             if sync:
                 keras_compat.sync_learning_rate(self.optimizer, self.lr)
-            logs, invariants = _logs_before_first_step(step, iterator)
+            logs, invariants = _logs_before_first_step(step, iterator, self._loop)
             i = tf.zeros_like(num_steps)
             while more(i, num_steps):  # a tripped NaN guard hands over to the host
                 tf.autograph.experimental.set_loop_options(shape_invariants=invariants)
@@ -201,7 +202,7 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         def recording_loop(iterator, num_steps):
             if sync:
                 keras_compat.sync_learning_rate(self.optimizer, self.lr)
-            logs, invariants = _logs_before_first_step(step, iterator)
+            logs, invariants = _logs_before_first_step(step, iterator, self._loop)
             history = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
             i = tf.zeros_like(num_steps)
             while more(i, num_steps):
@@ -268,23 +269,34 @@ class _LoopRecord:
     def __init__(self):
         self.last_step: int | None = None
         self.history: tuple[int, dict] = (0, {})
+        self.named_draws = False  # the step's unsaved random ops were named (first trace)
 
 
-def _logs_before_first_step(step: Any, iterator: Any) -> tuple[Any, list]:
+def _logs_before_first_step(step: Any, iterator: Any, loop: _LoopRecord) -> tuple[Any, list]:
     """Zeros shaped like one step's logs, the device loop's value before its first step, and
     the shape invariants of those whose shape a step leaves open. Traced, in the loop function.
 
     The step is traced on its own, in a graph that never runs, to learn its logs; the loop
     then traces it once more, inside the `tf.while_loop`, as its only instance. So a loop of
-    any length runs the same ops: a stateful random op of the step (tf_keras' dropout, a
-    `tf.random.normal` in a stage) draws one sequence whatever the loop lengths.
+    any length runs the same ops: a stateful random op of the step (a `tf.random.normal` in a
+    stage) draws one sequence whatever the loop lengths. Such ops are named in one line
+    (`random_state.unsaved_step_draws`), once per trainer (`loop.named_draws`): a checkpoint
+    cannot hold their state.
     """
-    outputs = tf.function(step).get_concrete_function(iterator).structured_outputs
+    traced = tf.function(step).get_concrete_function(iterator)
+    if not loop.named_draws:
+        loop.named_draws = True
+        draws = random_state.unsaved_step_draws(traced.graph)
+        if draws:
+            random_state.say_unsaved("the train step", draws, random_state.STEP_FIX)
+    outputs = traced.structured_outputs
     logs, invariants = [], []
     for value in tf.nest.flatten(outputs):
         value = tf.convert_to_tensor(value)
         shape = value.shape
-        zero = tf.zeros([d or 0 for d in shape.as_list()] if shape.rank is not None else [], value.dtype)
+        zero = tf.zeros(
+            [d or 0 for d in shape.as_list()] if shape.rank is not None else [], value.dtype
+        )
         if not shape.is_fully_defined():
             invariants.append((zero, shape))
         logs.append(zero)

@@ -1,0 +1,132 @@
+"""Random draws of the step and the model train the same weights whatever the device loops' lengths,
+and resume exactly where their state is saved; what no checkpoint can hold is named in one line."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+
+from orbitask import run_experiment
+from tests.helpers import TinyTask, keras_module
+
+
+class Dropped(TinyTask):
+    """TinyTask with a dropout layer (either Keras flavour) and, optionally, `tf.random.normal`
+    noise on the logits in `loss_pre` (TF's DCGAN tutorial draws its noise so, in the step)."""
+
+    def __init__(self, noise=False, **kwargs):
+        super().__init__(shuffle=True, l2=0.0, **kwargs)
+        self.noise = noise
+
+    def build_model(self):
+        k = keras_module(self.flavour)
+        self.model = k.Sequential(
+            [
+                k.Input((6,)),
+                k.layers.Dense(16, "tanh", kernel_initializer=k.initializers.GlorotUniform(1)),
+                k.layers.Dropout(0.5),
+                k.layers.Dense(3, kernel_initializer=k.initializers.GlorotUniform(2)),
+            ]
+        )
+        return self.model
+
+    def loss_pre(self, outputs, batch, model, lr):
+        if self.noise:
+            outputs += tf.random.normal(tf.shape(outputs), seed=3)
+        return outputs, batch[1]
+
+    def every_steps(self):
+        return {5: [lambda task, ctx: None]}  # a host callback: device loops end at 5, 10, ...
+
+
+def _run(model_dir, task, steps, steps_per_loop=100, loop_seconds=None, strategy="one_device"):
+    run_experiment(
+        task, str(model_dir), mode="train", train_steps=steps, global_batch_size=16,
+        steps_per_loop=steps_per_loop, loop_seconds=loop_seconds, checkpoint_interval=6,
+        progress=False, seed=7, strategy=strategy,
+    )  # fmt: skip
+    return [w.numpy() for w in task.model.weights] if hasattr(task, "model") else None
+
+
+def _assert_equal(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("flavour,noise", [("tf_keras", False), ("keras", False), ("keras", True)])
+def test_loop_lengths_do_not_change_the_draws(tmp_path, flavour, noise):
+    one = _run(tmp_path / "one", Dropped(noise, flavour=flavour), 17, steps_per_loop=1)
+    for i, (length, seconds) in enumerate([(3, None), (100, 1.0)]):
+        other = _run(tmp_path / str(i), Dropped(noise, flavour=flavour), 17, length, seconds)
+        _assert_equal(one, other)
+
+
+@pytest.mark.parametrize("flavour", ["tf_keras", "keras"])
+@pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
+def test_dropout_resumes_exactly(tmp_path, flavour, strategy):
+    full = _run(tmp_path / "full", Dropped(flavour=flavour), 12, strategy=strategy)
+    _run(tmp_path / "split", Dropped(flavour=flavour), 6, strategy=strategy)
+    resumed = _run(tmp_path / "split", Dropped(flavour=flavour), 12, strategy=strategy)
+    _assert_equal(full, resumed)
+    names = [n for n, _ in tf.train.list_variables(str(tmp_path / "split"))]
+    assert any(n.startswith("random_state/") for n in names), names
+
+
+def test_tf_keras_switch_is_set_back():
+    assert not tf_keras.backend.experimental.is_tf_random_generator_enabled()
+
+
+def test_a_stateful_op_in_the_step_is_named_once(tmp_path, capsys):
+    _run(tmp_path, Dropped(noise=True, flavour="keras"), 6, steps_per_loop=2)
+    lines = [line for line in capsys.readouterr().out.splitlines() if "stateful ops" in line]
+    assert len(lines) == 1, lines
+    assert "the train step" in lines[0] and "RandomStandardNormal" in lines[0], lines[0]
+    assert "test_step_randomness.py:" in lines[0], lines[0]  # where: the user's file and line
+    assert "keras.random.SeedGenerator" in lines[0], lines[0]  # the fix
+
+
+def test_saved_draws_are_not_named(tmp_path, capsys):
+    _run(tmp_path, Dropped(flavour="tf_keras"), 4)
+    assert "stateful ops" not in capsys.readouterr().out
+
+
+class Augmented(TinyTask):
+    """Augments its input with a stateful random op in `map` (as Model Garden's vision parsers
+    do with `tf.image.random_flip_left_right` and `sample_distorted_bounding_box`)."""
+
+    def build_inputs(self, per_replica_batch_size, input_context=None, training=True):
+        dataset = tf.data.Dataset.from_tensor_slices((self.x, self.y))
+        if training:
+
+            def jitter(x, y):
+                return x + tf.random.uniform([6], -0.1, 0.1), y
+
+            dataset = dataset.map(jitter).repeat()
+        return dataset.batch(per_replica_batch_size, drop_remainder=training)
+
+
+def test_a_stateful_op_in_the_input_runs_and_is_named(tmp_path, capsys):
+    _run(tmp_path, Augmented(l2=0.0), 8, steps_per_loop=2)
+    lines = [line for line in capsys.readouterr().out.splitlines() if "stateful ops" in line]
+    assert len(lines) == 1, lines
+    assert "Augmented.build_inputs(training=True)" in lines[0], lines[0]
+    assert "RandomUniform in jitter" in lines[0], lines[0]
+    assert "tf.data.Dataset.random()" in lines[0], lines[0]
+    _run(tmp_path, Augmented(l2=0.0), 12, steps_per_loop=2)  # its position is restored
+    assert "restarts from its beginning" not in capsys.readouterr().out
+    assert tf.io.gfile.glob(str(tmp_path / "input" / "ckpt-12" / "*"))
+
+
+def test_keras_generators_behind_tf_keras_layers_are_found():
+    from orbitask.tasks import keras_compat
+    from orbitask.trainers import random_state
+
+    with keras_compat.saved_layer_randomness():
+        layer = tf_keras.layers.Dropout(0.5)
+    layer.build((None, 3))
+    saved, _ = random_state.find({"model": layer})
+    assert list(saved) == ["model.random_generator"], saved
+    legacy = tf_keras.layers.Dropout(0.5)
+    legacy.build((None, 3))
+    assert random_state.find({"model": legacy})[0] == {}
