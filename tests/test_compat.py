@@ -4,15 +4,18 @@ These tests fail loudly when a new Orbit, gin, tf.data or tf.train.Checkpoint ve
 compat.py reaches into, and when orbitask's `Controller` stops behaving as `orbit.Controller` does.
 """
 
+import random
 import unittest
 
 import gin
+import numpy as np
 import orbit
 import orbit.controller
 import orbit.controller_test
 import pytest
 import tensorflow as tf
 from absl import logging
+from tensorflow.python.eager import context as eager_context
 
 from orbitask.trainers import compat
 from orbitask.trainers.controller import Controller
@@ -246,3 +249,36 @@ def test_a_tf_keras_layers_generator_is_reached():
     layer.build((None, 3))
     assert isinstance(keras_compat.layer_generator(layer._random_generator), tf.random.Generator)
     assert keras_compat.layer_generator(object()) is None
+
+
+def test_host_random_state_kept_undoes_python_numpy_and_tf_op_seed_draws():
+    """Inside: draws from `random`, NumPy's global generator and TensorFlow's op-seed sequence
+    (an unseeded `shuffle` under a global seed takes one). After: the same draws again."""
+
+    def draws():
+        order = list(tf.data.Dataset.range(50).shuffle(50).take(10).as_numpy_iterator())
+        return random.random(), float(np.random.rand()), tf.compat.v1.get_seed(None), order
+
+    tf.random.set_seed(5)
+    random.seed(5)
+    np.random.seed(5)
+    with compat.host_random_state_kept():
+        inside = draws()
+    after = draws()
+    assert after == inside
+    assert draws() != inside  # outside the context the draws move on
+
+
+def test_host_random_state_kept_in_a_process_without_a_global_seed():
+    """A fresh process has no `_rng` until `tf.random.set_seed`; one set inside is undone."""
+    ctx = eager_context.context()
+    saved = ctx._seed, getattr(ctx, "_rng", None)  # noqa: SLF001
+    ctx._seed = None  # noqa: SLF001
+    if hasattr(ctx, "_rng"):
+        del ctx._rng  # noqa: SLF001
+    try:
+        with compat.host_random_state_kept():
+            tf.random.set_seed(3)
+        assert ctx._seed is None and not hasattr(ctx, "_rng")  # noqa: SLF001
+    finally:
+        ctx._seed, ctx._rng = saved  # noqa: SLF001

@@ -9,14 +9,17 @@ from __future__ import annotations
 import contextlib
 import logging as logging_std
 import os
+import random
 from collections.abc import Iterator
 
 import gin
+import numpy as np
 import orbit.controller
 import tensorflow as tf
 from absl import logging
 from tensorflow.python.checkpoint import async_checkpoint_helper
 from tensorflow.python.data.ops import dataset_ops, prefetch_op
+from tensorflow.python.eager import context as eager_context
 
 
 @contextlib.contextmanager
@@ -202,3 +205,30 @@ def dataset_graph_def(dataset: tf.data.Dataset) -> tf.compat.v1.GraphDef:
     graph_def = tf.compat.v1.GraphDef()
     graph_def.ParseFromString(serialized.numpy())
     return graph_def
+
+
+@contextlib.contextmanager
+def host_random_state_kept() -> Iterator[None]:
+    """While open, draws from Python's `random`, NumPy's global generator and TensorFlow's eager
+    op-seed sequence are undone on exit. Eager; yields nothing.
+
+    Each random op built eagerly without an op seed under a global seed (a `shuffle(n)` after
+    `tf.random.set_seed`) takes the next number of the eager context's private `random.Random`,
+    `context.context()._rng` (absent until a global seed is set), derived from
+    `context.context()._seed`; both are put back.
+    """
+    ctx = eager_context.context()
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    seed, rng = ctx._seed, getattr(ctx, "_rng", None)  # noqa: SLF001
+    rng_state = None if rng is None else rng.getstate()
+    try:
+        yield
+    finally:
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
+        ctx._seed = seed  # noqa: SLF001
+        if rng is not None:
+            ctx._rng = rng  # noqa: SLF001
+            rng.setstate(rng_state)
+        elif hasattr(ctx, "_rng"):
+            del ctx._rng  # noqa: SLF001

@@ -122,7 +122,7 @@ def train_input(
         return IndexedTrainInput(global_step, per_step, build, source)
 
     if pipelines > 1:
-        warn_if_unsharded(task, source, per_replica, context)
+        warn_if_unsharded(task, per_replica, context)
     unsaved = unsaved_draws_options(task, source)
 
     def rebuild(dataset=None):
@@ -152,18 +152,25 @@ def unsaved_draws_options(task: Any, dataset: tf.data.Dataset) -> tf.data.Option
     return options
 
 
-def warn_if_unsharded(task: Any, dataset: tf.data.Dataset, per_replica: int, context) -> bool:
+def warn_if_unsharded(task: Any, per_replica: int, context) -> bool:
     """Warns, and returns True, when the next worker's pipeline starts with the same batch as
     this one's: `build_inputs` ignores `input_context`, so every worker would train on the same
-    examples. Eager; reads one batch of each."""
+    examples. Eager.
+
+    Reads the first batch of two pipelines built here for the check alone, never of the one
+    that trains (a `shuffle(seed=...)` reshuffling each iteration would start training on its
+    second order), and keeps the host's random state (Python, NumPy, TensorFlow's op seeds)
+    across those `build_inputs` calls: training starts where the same pipeline starts without
+    the check.
+    """
     other = tf.distribute.InputContext(
         context.num_input_pipelines,
         (context.input_pipeline_id + 1) % context.num_input_pipelines,
         context.num_replicas_in_sync,
     )
-    with tf.device("/cpu:0"):
-        theirs = _source(task, per_replica, other, training=True)
-        mine, first = next(iter(dataset)), next(iter(theirs))
+    with tf.device("/cpu:0"), compat.host_random_state_kept():
+        mine = next(iter(_source(task, per_replica, context, training=True)))
+        first = next(iter(_source(task, per_replica, other, training=True)))
     try:
         same = all(
             a.shape == b.shape and bool(tf.reduce_all(a == b))
