@@ -100,7 +100,8 @@ class ReplicaUpdate:
             global_batch_size=o.global_batch_size * self.accumulation,
             micro_batches=self.accumulation,
             loss_scale=None if self.loss_scale is None else self.loss_scale.scale,
-            check_finite=self.check_finite,
+            # Only the NaN guard asks: a task's own compute_update without it runs elsewhere.
+            **({"check_finite": True} if self.check_finite else {}),
         )
 
     def compute_and_apply(self, batch) -> dict:
