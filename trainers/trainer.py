@@ -6,7 +6,8 @@ Hook order, as the Controller drives it::
       train_loop_begin()                        # eager: reset metrics, rebuild the step fn
                                                 #   if trainable vars changed
       copy lr into the optimizer                # traced, first in the loop function
-      repeat num_steps times (tf.while_loop in one tf.function):
+      repeat num_steps times (tf.while_loop in one tf.function; the step's only trace in it,
+                              so loops of any length run the same ops):
         logs = step(train_iterator)             # steps.TrainStep: batches to replicas,
                                                 #   strategy.run, replica mean, global_step += 1
         (and, for deferred callbacks, append the step's scalar logs to a TensorArray)
