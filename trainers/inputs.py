@@ -39,6 +39,7 @@ from orbitask.trainers.errors import ConfigError
 from orbitask.trainers.input_position import (
     IndexedTrainInput,
     IteratorInput,
+    ShuffleSeeds,
     TrainInput,
 )
 
@@ -212,7 +213,8 @@ def train_iterator(
 
 
 def _train_iterator(task: Any, dataset: tf.data.Dataset, per_replica: int, per_step: int):
-    """An iterator over `dataset`, its final autotuned prefetch bounded (module docstring)."""
+    """An iterator over `dataset`, its final autotuned prefetch bounded (module docstring), its
+    shuffle seeds kept (`input_position.ShuffleSeeds`)."""
     with tf.device("/cpu:0"):
         if task.train_prefetch is not None:
             wanted = task.train_prefetch * per_step
@@ -228,7 +230,7 @@ def _train_iterator(task: Any, dataset: tf.data.Dataset, per_replica: int, per_s
                     wanted,
                 )
             dataset = bounded
-        return iter(dataset)
+        return ShuffleSeeds.keep(dataset, iter(dataset))
 
 
 def element_bytes(spec: Any, batch_size: int) -> int | None:
