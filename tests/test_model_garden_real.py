@@ -2,9 +2,8 @@
 
 `SentencePredictionTask` with a tiny BERT encoder and its own dropout (0.1): device loops of any
 length draw the same dropout masks; a stopped and resumed run ends with the weights of an
-uninterrupted one bit for bit (the dropout generators are saved under `random_state/`) when the
-attention probabilities are not dropped, and not yet when they are (an xfail naming the orbitask
-bug); Model Garden's own `train_lib.run_experiment` trains the same weights.
+uninterrupted one bit for bit (the dropout generators, the attention's included, are saved under
+`random_state/`); Model Garden's own `train_lib.run_experiment` trains the same weights.
 
 `ImageClassificationTask` from the registered `resnet_imagenet` experiment, shrunk, with its
 default augmentation (`aug_crop`, `aug_rand_hflip`): the run goes on with one warning line naming
@@ -176,18 +175,9 @@ def test_bert_without_attention_dropout_resumes_bit_for_bit(tmp_path, capsys):
     assert DRAWS not in out  # the step holds no stateful random op
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="orbitask bug: random_state.find stops at _MAX_DEPTH = 8 and never reaches the "
-    "Dropout of the MultiHeadAttention inside BERT's TransformerEncoderBlock (depth 9: "
-    "model, encoder, transformer layer, attention, dropout, its generator), so that "
-    "generator is neither saved under random_state/ nor named in the warning line",
-    raises=AssertionError,
-)
 def test_bert_stopped_and_resumed_equals_the_uninterrupted_run(bert, tmp_path, capsys):
-    """With BERT's attention dropout as well (0.1): fails, the resumed weights differ from
-    the uninterrupted run's by up to about 3e-5 (measured; bit for bit with _MAX_DEPTH
-    raised to 20)."""
+    """With BERT's attention dropout as well (0.1): the generator of the Dropout inside the
+    MultiHeadAttention of the TransformerEncoderBlock (nine levels down) is saved too."""
     data_path, _, expected = bert
     resumed = _stop_and_resume(data_path, tmp_path)
     assert RESTARTS not in capsys.readouterr().out
@@ -319,6 +309,7 @@ def test_resnet_with_its_default_augmentation_runs_warns_and_resumes_its_input(t
     ops = "RandomUniform in parse, SampleDistortedBoundingBoxV2 in parse"
     assert _warned_ops(out) == [ops] * 3  # one line a run, naming the parser's ops
     assert out.count(DRAWS) == 3  # none for the step: ResNet draws nothing
+    assert out.count(f"ImageClassificationTask.build_inputs(training=True) {DRAWS}") == 3
     assert "resumed from" in out and "(step 3)" in out
     assert RESTARTS not in out
     expected = checkpoint_weights(resnet_task(data_path), whole)

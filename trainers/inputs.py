@@ -32,6 +32,7 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
+from orbitask.tasks import model_garden
 from orbitask.tasks.indexed_input import IndexedInput
 from orbitask.trainers import compat, random_state
 from orbitask.trainers.cluster import is_parameter_server, num_ps_workers
@@ -146,7 +147,8 @@ def unsaved_draws_options(task: Any, dataset: tf.data.Dataset) -> tf.data.Option
     draws = random_state.unsaved_input_draws(dataset)
     if not draws:
         return None
-    where = f"{type(task).__name__}.build_inputs(training=True)"
+    owner = task.task if isinstance(task, model_garden.ModelGardenTask) else task
+    where = f"{type(owner).__name__}.build_inputs(training=True)"
     random_state.say_unsaved(where, draws, random_state.INPUT_FIX)
     options = tf.data.Options()
     options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE

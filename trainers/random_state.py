@@ -29,7 +29,7 @@ from orbitask.tasks import keras_compat
 from orbitask.trainers import compat
 
 _HOST = (random.Random, np.random.RandomState, np.random.Generator)
-_MAX_DEPTH = 8
+_MAX_DEPTH = 64  # each nested Keras layer is two levels (its layer list, an item)
 _LAYERS = (keras.layers.Layer, tf_keras.layers.Layer)
 _LIBRARIES = {"tensorflow", "keras", "tf_keras", "numpy", "orbit", "official", "builtins", "gin"}
 
