@@ -103,7 +103,9 @@ def test_killed_worker_restarts_the_job_which_resumes_exactly(
         saved = sorted(os.listdir(model / "input" / f"ckpt-{STEPS}"))
         assert [n for n in saved if n.endswith(".index")] == [
             "worker-0-of-2.index",
+            "worker-0-of-2.shuffle_seeds.index",  # the reshuffling shuffle's seed generator
             "worker-1-of-2.index",
+            "worker-1-of-2.shuffle_seeds.index",
         ]
         assert len(os.listdir(model / "input")) == 3
     # The killed worker's temp checkpoint folder (no exit handlers ran) was emptied by the
