@@ -13,12 +13,19 @@ against it). Its additions:
 - `on_loop(steps, seconds)` receives each device loop's wall time (the runner's `LoopLength`).
 - The training loop reads the global step once per device loop (Orbit reads it several times,
   and flushes the summary writer around each loop).
+- `train_and_evaluate` evaluates at the multiples of `eval_interval` counted from step 0 (and at
+  `train_steps`), whatever step the run starts from: `eval_points` lists them. Orbit counts
+  the interval from the starting step, so a run resumed at 350 would evaluate at 550, 750.
+- `evaluated_step`, a checkpointed variable: each evaluation of `train_and_evaluate` sets it to
+  its step before the eval actions run, so a checkpoint saved after an evaluation (by an eval
+  action, or any later save) records it. A run resumed from a checkpoint whose record is older
+  than the newest evaluation point at or before its step evaluates first, at that step.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import orbit
 import tensorflow as tf
@@ -38,6 +45,8 @@ class Controller(orbit.Controller):
         With all three unset, saving follows Orbit (the manager's `checkpoint_interval`).
       on_loop: `on_loop(steps, seconds)` after each device loop, with the wall time of
         `trainer.train` (e.g. `LoopLength.observe`), or None.
+      evaluated_step: an int64 variable in the checkpoint recording the step of the last
+        evaluation of `train_and_evaluate` (module docstring), or None.
       **kwargs: `orbit.Controller`'s arguments, all honoured.
     """
 
@@ -48,6 +57,7 @@ class Controller(orbit.Controller):
         checkpoint_seconds: float | None = None,
         save_at_completion: bool = False,
         on_loop: Callable[[int, float], None] | None = None,
+        evaluated_step: tf.Variable | None = None,
         **kwargs,
     ):
         # Steps agree on every worker; the clock is this worker's (see `_due`).
@@ -63,7 +73,13 @@ class Controller(orbit.Controller):
         self._saved_step: int | None = None
         self._rate_mark: tuple[float, int] | None = None
         self._lengths: dict[int, tf.Tensor] = {}  # loop length -> its constant, made once
+        self._evaluated = evaluated_step
+        self._recorded: int | None = None  # `evaluated_step` in the newest checkpoint, if known
+        if evaluated_step is not None:  # first: the other eval actions may save a checkpoint
+            kwargs["eval_actions"] = [self._mark_evaluated, *(kwargs.get("eval_actions") or ())]
         super().__init__(**kwargs)
+        if evaluated_step is not None:
+            self._recorded = int(evaluated_step.numpy())
 
     def train(self, steps: int, checkpoint_at_completion: bool = True) -> None:
         """Trains until the global step is `steps` (Orbit's `train`, one step read a loop)."""
@@ -80,6 +96,37 @@ class Controller(orbit.Controller):
         if checkpoint_at_completion:
             self._maybe_save_checkpoint(check_interval=False)
         self._sync_on_async_checkpointing()
+
+    def train_and_evaluate(
+        self, train_steps: int, eval_steps: int = -1, eval_interval: int | None = None
+    ) -> dict | None:
+        """Trains until step `train_steps`, evaluating for `eval_steps` at each of `eval_points`
+        (Orbit's `train_and_evaluate` with the points fixed by the step, not by the start).
+        With `evaluated_step`, first evaluates an evaluation point the checkpoint did not
+        record. Returns the last evaluation's logs (None if none ran)."""
+        self._require("trainer", for_method="train_and_evaluate")
+        self._require("evaluator", for_method="train_and_evaluate")
+        output = None
+        step = int(self.global_step.numpy())
+        if self._evaluated is not None:
+            due = last_eval_point(step, train_steps, eval_interval)
+            if due > int(self._evaluated.numpy()):
+                logging.info("evaluation of step %d not recorded: evaluating at %d", due, step)
+                output = self.evaluate(steps=eval_steps)
+        for point in eval_points(step, train_steps, eval_interval):
+            self.train(steps=point, checkpoint_at_completion=False)
+            output = self.evaluate(steps=eval_steps)
+        self._maybe_save_checkpoint(check_interval=False)
+        evaluated = self._evaluated
+        if evaluated is not None and self.checkpoint_manager is not None:
+            if self._recorded != int(evaluated.numpy()):
+                self._save(self._step_now())  # the last evaluation's record
+        self._sync_on_async_checkpointing()
+        return output
+
+    def _mark_evaluated(self, output: dict) -> None:
+        del output
+        self._evaluated.assign(int(self.global_step.numpy()))
 
     def _train_n_steps(self, num_steps: int, start: int | None = None) -> int:
         """Runs one device loop, the train actions and summaries; returns the step after them.
@@ -142,6 +189,8 @@ class Controller(orbit.Controller):
             if manager.latest_checkpoint is None:
                 return manager.restore_or_initialize()
             path = checkpoints.restore_newest_readable(manager.checkpoint, manager)
+        if self._evaluated is not None:
+            self._recorded = int(self._evaluated.numpy())
         if path:
             logging.info("restored from checkpoint %s", path)
             print(f"orbitask: resumed from {path} (step {int(self.global_step.numpy())})")
@@ -166,7 +215,32 @@ class Controller(orbit.Controller):
         latest = manager.latest_checkpoint  # (an async save shows there once written)
         if step == self._saved_step or (latest and latest.endswith(f"-{step}")):
             return False  # already saved at this step
-        manager.save(checkpoint_number=step, check_interval=False, options=self._save_options)
+        self._save(step)
+        return True
+
+    def _save(self, step: int) -> None:
+        self.checkpoint_manager.save(
+            checkpoint_number=step, check_interval=False, options=self._save_options
+        )
         self._saves.fired(step)
         self._saved_step = step
-        return True
+        if self._evaluated is not None:
+            self._recorded = int(self._evaluated.numpy())
+
+
+def eval_points(step: int, train_steps: int, interval: int | None) -> Iterator[int]:
+    """Yields the steps after `step` and up to `train_steps` that `train_and_evaluate`
+    evaluates at: the multiples of `interval` counted from 0, and `train_steps` (only it when
+    `interval` is None)."""
+    if step >= train_steps:
+        return
+    if interval:
+        yield from range((step // interval + 1) * interval, train_steps, interval)
+    yield train_steps
+
+
+def last_eval_point(step: int, train_steps: int, interval: int | None) -> int:
+    """The last of `train_and_evaluate`'s evaluation points at or before `step` (0: none)."""
+    if step >= train_steps:
+        return train_steps
+    return step // interval * interval if interval else 0

@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 import orbit
+import tensorflow as tf
 
 from orbitask.tasks import CallbackContext, keras_compat, model_garden
 from orbitask.trainers import (
@@ -213,6 +214,14 @@ class ExperimentRunner:
             extra_state["loss_scale"] = self.loss_scale.checkpoint()
         if control is not None and self.evaluating:
             extra_state["validation_control"] = control.build()
+        if self.mode == "train_and_eval":  # the Controller's record of the last evaluation
+            extra_state["evaluated_step"] = tf.Variable(
+                0,
+                dtype=tf.int64,
+                trainable=False,
+                name="evaluated_step",
+                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+            )
         roots = {"task": self.task, "model": self.model, "loss": self.loss_fn}
         if (randomness := random_state.checkpointable(roots)) is not None:
             extra_state["random_state"] = randomness
@@ -328,6 +337,7 @@ class ExperimentRunner:
             save_at_completion=True,
             enable_async_checkpointing=saves.asynchronous,
             on_loop=self.loop_length.observe,
+            evaluated_step=getattr(self.checkpoint, "evaluated_step", None),
             global_step=self.global_step,
             trainer=self.trainer if self.training else None,
             evaluator=self.trainer if self.evaluating else None,

@@ -1,8 +1,13 @@
 """nabu's validation-driven control: keep the best checkpoint, halve the LR, stop early.
 
-An Orbit eval action. Each evaluation's chosen metric is compared with the best so far using
-`official.core.train_utils.BestCheckpointExporter`, which also exports the best checkpoint to
-`model_dir/best/` and persists the best value (a JSON file), so all of it survives a resume.
+An Orbit eval action. Each evaluation's chosen metric is compared with the best so far; a better
+one is exported to `model_dir/best/` (`best_ckpt-<step>`, and `info.json` written by
+`official.core.train_utils.BestCheckpointExporter`). The state that decides what happens next
+(the best value, the count of worse validations in a row; the learning-rate factor is the
+run's) lives in variables of the run's checkpoint, which the action saves after each
+evaluation: a checkpoint says how far validation had got, never the JSON file, which a killed
+run may have written past its last checkpoint. An evaluation repeated after a resume compares
+with the same best value and rewrites the same export.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import os
 from typing import Any
 
 import gin
+import numpy as np
 import tensorflow as tf
 from absl import logging
 
@@ -49,17 +55,20 @@ class ValidationControl:
         self.lr_multiplier = lr_multiplier
         self.early_stop_patience = early_stop_patience
         self.worse = None
+        self.best = None
 
     def build(self) -> tf.train.Checkpoint:
         """Eager, in strategy scope: creates the state; returns it (a Checkpoint) to save."""
-        self.worse = tf.Variable(
-            0,
-            dtype=tf.int64,
-            trainable=False,
-            name="worse_validations",
-            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
-        )
-        return tf.train.Checkpoint(worse_validations=self.worse)
+        self.worse = _state(0, tf.int64, "worse_validations")
+        self.best = _state(float("nan"), tf.float64, "best_value")  # NaN: no validation yet
+        return tf.train.Checkpoint(worse_validations=self.worse, best_value=self.best)
+
+    def better(self, value: float) -> bool:
+        """Eager. Whether `value` beats the best so far (any value beats none)."""
+        best = float(self.best.numpy())
+        if best != best:
+            return True
+        return value > best if self.higher_is_better else value < best
 
     def stopped(self) -> bool:
         """Eager. Returns True if the (restored) state says training already stopped early."""
@@ -70,19 +79,23 @@ class ValidationControl:
         """Eager. Returns the eval action, a callable run eagerly after each evaluation."""
         from official.core import train_utils  # here: `official` is heavy to import
 
+        directory = os.path.join(model_dir, "best")
         exporter = train_utils.BestCheckpointExporter(
-            os.path.join(model_dir, "best"),
-            self.metric,
-            "higher" if self.higher_is_better else "lower",
+            directory, self.metric, "higher" if self.higher_is_better else "lower"
+        )
+        best_manager = tf.train.CheckpointManager(
+            checkpoint, directory, max_to_keep=1, checkpoint_name=train_utils.BEST_CHECKPOINT_NAME
         )
 
         def act(eval_logs: dict[str, Any]) -> None:
             step = int(global_step.numpy())
-            _check_metric(eval_logs, self.metric)
-            with ema.averaged() if ema is not None else contextlib.nullcontext():
-                improved = exporter.maybe_export_checkpoint(checkpoint, eval_logs, step)
-            if improved:
+            value = _check_metric(eval_logs, self.metric)
+            if self.better(value):
+                self.best.assign(value)
                 self.worse.assign(0)
+                exporter.export_best_eval_metric(eval_logs, step)
+                with ema.averaged() if ema is not None else contextlib.nullcontext():
+                    best_manager.save(checkpoint_number=step)
             else:
                 self.worse.assign_add(1)
                 if self.halve_lr_on_worse:
@@ -99,7 +112,13 @@ class ValidationControl:
         return act
 
 
-def _check_metric(logs: dict, metric: str) -> None:
+def _state(value, dtype, name: str) -> tf.Variable:
+    aggregation = tf.VariableAggregation.ONLY_FIRST_REPLICA
+    return tf.Variable(value, dtype=dtype, trainable=False, name=name, aggregation=aggregation)
+
+
+def _check_metric(logs: dict, metric: str) -> float:
+    """Returns the value of `metric` in `logs`; raises ConfigError when it is not there."""
     node: Any = logs
     for key in metric.split("|"):
         if not isinstance(node, dict) or key not in node:
@@ -108,3 +127,4 @@ def _check_metric(logs: dict, metric: str) -> None:
                 f"{sorted(logs)}); set it to one of them in your .gin file."
             )
         node = node[key]
+    return float(np.asarray(node))
