@@ -64,7 +64,7 @@ class ValidationControl:
         return tf.train.Checkpoint(worse_validations=self.worse, best_value=self.best)
 
     def better(self, value: float) -> bool:
-        """Eager. Whether `value` beats the best so far (any value beats none)."""
+        """Eager. Returns whether `value` beats the best so far (any value beats none)."""
         best = float(self.best.numpy())
         if best != best:
             return True
