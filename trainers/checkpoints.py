@@ -1,15 +1,36 @@
 """The model directory's state: building the run's checkpoint, writing the operative gin config,
 and restoring checkpoints safely (skip unreadable ones, explain incompatible ones, delete
-nothing)."""
+nothing).
+
+- A damaged state file (`checkpoint`: unreadable, empty, garbled, missing, or naming a checkpoint
+  that is not there) is named in a warning, and the checkpoints are found by their files
+  (`ckpt-<N>.index`); a run never starts afresh over existing checkpoints.
+- The newest checkpoint that reads back in full is restored; newer unreadable ones are left in
+  place, and the manager's latest becomes the restored one, so the step of a corrupt one is
+  saved again when it is trained again (replacing it).
+- A restore binds every variable of the run (model, optimizer, run state) or stops with one line
+  naming what is missing or extra. Run state that a checkpoint lacks entirely (written by an older
+  orbitask or another setting, e.g. `random_state`, `evaluated_step`) is named in a warning and
+  keeps its current value.
+"""
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import errno
 import os
+import re
+import time
 
 import gin
 import tensorflow as tf
 from absl import logging
+from google.protobuf import text_format
+from tensorflow.python.checkpoint import checkpoint as _checkpoint_lib
+from tensorflow.python.checkpoint import checkpoint_management as _management
+from tensorflow.python.checkpoint import graph_view as _graph_view
+from tensorflow.python.util import object_identity
 
 from orbitask.tasks.errors import one_line
 from orbitask.trainers import compat
@@ -115,9 +136,95 @@ def unreadable_reason(path: str) -> str | None:
         for key, dtype in reader.get_variable_to_dtype_map().items():
             if dtype != tf.variant:  # iterator state: not readable as NumPy
                 reader.get_tensor(key)
-    except (tf.errors.OpError, ValueError, OSError) as e:
+    except (tf.errors.OpError, ValueError, OSError, IndexError) as e:  # IndexError: truncated
         return one_line(e, 300)
     return None
+
+
+def _warn(message: str) -> None:
+    logging.warning(message)
+    print(f"orbitask: warning: {message}", flush=True)
+
+
+def scan(directory: str, name: str = "ckpt") -> list[str]:
+    """The checkpoints in `directory` found by their files (`<name>-<N>.index`), oldest first."""
+    if not tf.io.gfile.isdir(directory):
+        return []
+    pattern = re.compile(rf"^{re.escape(name)}-(\d+)\.index$")
+    found = [(m, entry) for entry in tf.io.gfile.listdir(directory) if (m := pattern.match(entry))]
+    found.sort(key=lambda item: int(item[0].group(1)))
+    return [os.path.join(directory, entry[: -len(".index")]) for _, entry in found]
+
+
+def state_damage(directory: str, name: str = "ckpt") -> str | None:
+    """What is wrong with the state file (`<directory>/checkpoint`), or None when it is sound
+    (or absent in a directory without checkpoints)."""
+    state_path = os.path.join(directory, "checkpoint")
+    if not tf.io.gfile.exists(state_path):
+        return f"the state file {state_path} is missing" if scan(directory, name) else None
+    try:
+        with tf.io.gfile.GFile(state_path, "rb") as f:
+            text = f.read().decode("utf-8")
+        state = text_format.Parse(text, _management.CheckpointState())
+    except (UnicodeDecodeError, text_format.ParseError, tf.errors.OpError) as e:
+        return f"the state file {state_path} does not parse ({one_line(e, 120)})"
+    if not state.model_checkpoint_path:
+        return f"the state file {state_path} names no checkpoint"
+    latest = state.model_checkpoint_path
+    if not os.path.isabs(latest):
+        latest = os.path.join(directory, latest)
+    if not tf.io.gfile.exists(latest + ".index"):
+        return f"the state file {state_path} names {latest}, which does not exist"
+    return None
+
+
+@contextlib.contextmanager
+def _tolerant_state_reads():
+    """Within: `tf.train.CheckpointManager` reads a state file that does not parse as none
+    (TensorFlow raises for random bytes or an empty file) instead of failing."""
+    original = _management.get_checkpoint_state
+
+    def tolerant(checkpoint_dir, latest_filename=None):
+        try:
+            return original(checkpoint_dir, latest_filename)
+        except (ValueError, tf.errors.OpError):  # UnicodeDecodeError is a ValueError
+            return None
+
+    _management.get_checkpoint_state = tolerant
+    try:
+        yield
+    finally:
+        _management.get_checkpoint_state = original
+
+
+def adopt_found_checkpoints(manager: tf.train.CheckpointManager) -> None:
+    """When the state file of `manager`'s directory is damaged: warns naming the damage and
+    makes `manager` hold the checkpoints found by their files (the newest `max_to_keep`; older
+    ones are left out of its keeping, so it never deletes them). Eager; returns None.
+
+    Raises:
+      ConfigError: when the state file is damaged and no checkpoint file is there.
+    """
+    name = compat.manager_settings(manager)["checkpoint_name"]
+    damage = state_damage(manager.directory, name)
+    if damage is None:
+        return
+    found = scan(manager.directory, name)
+    if not found:
+        raise ConfigError(
+            f"{damage}, and {manager.directory} holds no {name}-<N>.index checkpoint; move that "
+            "directory away (or use a new --model_dir) to start afresh."
+        )
+    keep = manager._max_to_keep  # noqa: SLF001
+    if keep:
+        found = found[-keep:]
+    _warn(
+        f"{damage}; going by the checkpoint files instead: {len(found)} found, newest "
+        f"{os.path.basename(found[-1])}. The next save rewrites the state file."
+    )
+    now = time.time()
+    manager._maybe_delete = collections.OrderedDict((p, now) for p in found)  # noqa: SLF001
+    manager._latest_checkpoint = found[-1]  # noqa: SLF001
 
 
 def restore_newest_readable(
@@ -135,17 +242,23 @@ def restore_newest_readable(
     latest = manager.latest_checkpoint  # also one a plain `tf.train.Checkpoint.save` wrote
     if latest and latest not in paths:
         paths.insert(0, latest)
+    skipped = []
     for path in paths:
         reason = unreadable_reason(path)
         if reason:
-            message = (
+            _warn(
                 f"checkpoint {path} (files {os.path.basename(path)}.index / .data-*) is "
-                f"unreadable: {reason}. Trying the previous one; the file is left in place."
+                f"unreadable: {reason}. Trying the previous one; the file is left in place "
+                "until its step is saved again."
             )
-            logging.warning(message)
-            print(f"orbitask: warning: {message}", flush=True)
+            skipped.append(path)
             continue
         restore(checkpoint, path)
+        if skipped:  # the next saves go on from here, and replace a corrupt one at its step
+            kept = manager._maybe_delete  # noqa: SLF001
+            for bad in skipped:
+                kept.pop(bad, None)
+            manager._latest_checkpoint = path  # noqa: SLF001
         return path
     if paths:
         raise ConfigError(
@@ -155,16 +268,97 @@ def restore_newest_readable(
     return None
 
 
+# The checkpoint's children that every restore must bind in full; any other child is run state.
+CORE = ("step", "lr", "optimizer", "train_model", "train_loss")
+
+
 def restore(checkpoint: tf.train.Checkpoint, path: str) -> None:
-    """Restores `path`, turning a shape mismatch into a one-line ConfigError."""
+    """Restores `path` into every variable of `checkpoint` (`require_complete`), turning a
+    shape mismatch or a partial restore into a one-line ConfigError."""
     try:
-        checkpoint.restore(path)
+        status = checkpoint.restore(path)
     except (ValueError, tf.errors.InvalidArgumentError) as e:
         text = one_line(e)
         raise ConfigError(
             f"checkpoint {path} does not fit this model: {text} Use a new --model_dir, or "
             "warm-start from it with init_checkpoint."
         ) from e
+    require_complete(checkpoint, status, path)
+
+
+def _variables_by_path(checkpoint: tf.train.Checkpoint) -> dict[str, object]:
+    """Every object holding saved values under `checkpoint`, by its path from a top-level child
+    (the model's own path preferred over the optimizer's reference to the same variable)."""
+    children = dict(checkpoint._trackable_children())  # noqa: SLF001
+    order = sorted(children, key=lambda n: (n != "train_model", n))
+    named = object_identity.ObjectIdentityDictionary()
+    for child in order:
+        objects, paths = _graph_view.ObjectGraphView(children[child]).breadth_first_traversal()
+        for obj in _checkpoint_lib._objects_with_attributes(objects):  # noqa: SLF001
+            if obj not in named:
+                named[obj] = "/".join([child, *(ref.name for ref in paths[obj])])
+    return {name: obj for obj, name in named.items()}
+
+
+def _names(paths: list[str], limit: int = 4) -> str:
+    more = f" and {len(paths) - limit} more" if len(paths) > limit else ""
+    return ", ".join(paths[:limit]) + more
+
+
+def require_complete(checkpoint: tf.train.Checkpoint, status, path: str) -> None:
+    """Checks that the restore of `path` (`status`) bound every variable of `checkpoint`, and
+    that `path` holds nothing for the model that the model lacks. Eager; returns None.
+
+    Run state that `path` lacks entirely (a top-level child other than `CORE`) is named in a
+    warning. Optimizer slots not created yet are restored when created (TensorFlow defers them).
+
+    Raises:
+      ConfigError: naming the missing or extra variables and `path`.
+    """
+    coordinator = status._checkpoint  # noqa: SLF001
+    proto = coordinator.object_graph_proto
+    in_file = {ref.local_name for ref in proto.nodes[0].children}
+    matched = object_identity.ObjectIdentitySet(coordinator.object_by_proto_id.values())
+    missing, absent_state = [], {}
+    for name, obj in _variables_by_path(checkpoint).items():
+        if obj in matched:
+            continue
+        child = name.split("/", 1)[0]
+        if child not in CORE and child not in in_file:
+            absent_state.setdefault(child, []).append(name)
+        else:
+            missing.append(name)
+    printer = _checkpoint_lib.ObjectGraphProtoPrettyPrinter(proto)
+    optimizer = getattr(checkpoint, "optimizer", None)
+    checked = ["(root).train_model."]
+    if getattr(optimizer, "built", False) is True:  # Keras 3: built eagerly, no deferred slots
+        checked.append("(root).optimizer.")
+    extra = [
+        printer.node_names[i].replace("(root).", "").replace(".", "/")
+        for i, node in enumerate(proto.nodes)
+        if node.attributes
+        and i not in coordinator.object_by_proto_id
+        and printer.node_names[i].startswith(tuple(checked))
+    ]
+    if missing or extra:
+        status.expect_partial()
+        parts = []
+        if missing:
+            parts.append(
+                f"{len(missing)} variable(s) of this run are not in it ({_names(missing)})"
+            )
+        if extra:
+            parts.append(f"it holds {len(extra)} this run does not have ({_names(extra)})")
+        raise ConfigError(
+            f"checkpoint {path} does not restore this run completely: {'; '.join(parts)}. "
+            "It was written by another model or program. Use a new --model_dir, or warm-start "
+            "part of it with init_checkpoint."
+        )
+    for child, names in absent_state.items():
+        _warn(
+            f"checkpoint {path} has no {child!r} (written by an older orbitask or another "
+            f"setting): {_names(names)} keep their current values."
+        )
 
 
 def build(
@@ -185,7 +379,8 @@ def build(
     With `asynchronous`, async saves of the checkpoint write all of it (`compat`)."""
     trackables = dict(step=global_step, lr=lr, optimizer=optimizer, train_model=model)
     trackables["train_loss"] = loss_fn
-    checkpoint, manager = task.build_checkpoint(model_dir, **trackables)
+    with _tolerant_state_reads():
+        checkpoint, manager = task.build_checkpoint(model_dir, **trackables)
     if train_input is not None:
         checkpoint.input_position = train_input
     if stateful_callbacks:
@@ -199,7 +394,9 @@ def build(
     # step (needed after an evaluation changed checkpointed state, or on SIGTERM).
     kept = compat.manager_settings(manager)
     del kept["step_counter"]
-    manager = SafeCheckpointManager(checkpoint, manager.directory, **kept)
+    with _tolerant_state_reads():
+        manager = SafeCheckpointManager(checkpoint, manager.directory, **kept)
+    adopt_found_checkpoints(manager)
     return checkpoint, manager
 
 

@@ -211,7 +211,7 @@ class IteratorInput(TrainInput):
                     seeds.read(path + SEEDS)
                 self._written = path
                 return
-            except (tf.errors.OpError, ValueError, AssertionError) as e:
+            except (tf.errors.OpError, ValueError, AssertionError, IndexError) as e:
                 reason = f"{path} is unreadable ({type(e).__name__})"
         self.replace(self.rebuild())
         _say(
