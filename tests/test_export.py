@@ -356,3 +356,35 @@ def test_mistakes_are_one_line_and_exit_2(tmp_path, capsys, setup, args, expecte
 def test_export_is_a_command_of_the_binary(capsys):
     assert cli.main(["--help"]) == 0
     assert "export   write a run's model as a SavedModel" in capsys.readouterr().out
+
+
+def test_export_imports_no_code_from_the_model_directory(tmp_path, monkeypatch, capsys):
+    """A module planted in the model directory and named by its operative config is not run;
+    the same module in the working directory is imported, as in training."""
+    run, cwd = tmp_path / "run", tmp_path / "cwd"
+    run.mkdir()
+    cwd.mkdir()
+    _hand_made_run(run)
+    name = f"planted_{os.getpid()}_{abs(hash(str(tmp_path)))}"
+    marker = tmp_path / "planted_ran"
+    (run / f"{name}.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    (run / "operative_config.gin").write_text(f"import {name}\nTASK = @ExportTinyTask()\n")
+    monkeypatch.chdir(cwd)
+    monkeypatch.syspath_prepend(str(cwd))  # removed again after the test
+    for argv in ([f"--model_dir={run}"], [f"--model_dir={run}", f"--gin_file={DEFAULTS}",
+                 f"--gin_file={run / 'operative_config.gin'}"]):  # fmt: skip
+        assert cli.main(["export", *argv]) == 2
+        err = capsys.readouterr().err
+        assert f"No module named '{name}'" in err and err.count("\n") == 1, err
+        assert not marker.exists() and name not in sys.modules
+    monkeypatch.chdir(run)  # a working directory inside the model directory is not searched
+    assert cli.main(["export", f"--model_dir={run}"]) == 2 and not marker.exists()
+    monkeypatch.chdir(cwd)
+
+    (cwd / f"{name}.py").write_text("VALUE = 1\n")
+    try:
+        assert cli.main(["export", f"--model_dir={run}"]) == 0
+        assert sys.modules[name].__file__ == str(cwd / f"{name}.py")
+    finally:
+        sys.modules.pop(name, None)
+    assert not marker.exists() and (run / "export" / "4" / "saved_model.pb").is_file()

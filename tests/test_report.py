@@ -1,6 +1,9 @@
 """`orbitask report`: a PNG of the curves and a text summary from a real run's event files."""
 
+import os
 import re
+import shutil
+import sys
 
 import pytest
 from PIL import Image
@@ -94,3 +97,17 @@ def test_cli_dispatch(capsys):
     assert cli.main(["bogus"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("orbitask: error: unknown command 'bogus'; commands: train, report, new")
+
+
+def test_report_imports_no_code_from_the_model_directory(model_dir, tmp_path, capsys):
+    """A module planted in the model directory and named by its operative config is not run."""
+    run = tmp_path / "run"
+    shutil.copytree(model_dir, run)
+    name = f"planted_{os.getpid()}"
+    marker = tmp_path / "planted_ran"
+    (run / f"{name}.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    operative = (run / "operative_config.gin").read_text()
+    (run / "operative_config.gin").write_text(f"import {name}\n{operative}")
+    assert cli.main(["report", f"--model_dir={run}"]) == 0
+    assert "best" in capsys.readouterr().out
+    assert not marker.exists() and name not in sys.modules

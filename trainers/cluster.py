@@ -27,7 +27,7 @@ import tempfile
 import tensorflow as tf
 from absl import logging
 
-from orbitask.trainers import compat
+from orbitask.trainers import compat, model_dir_lock
 from orbitask.trainers.checkpoints import SafeCheckpointManager
 
 SERVER_TASKS = ("worker", "ps")
@@ -149,9 +149,11 @@ class WorkerCheckpointManager(SafeCheckpointManager):
 
     `directory` and `checkpoints` are the chief's (what restores and continuous evaluation
     read); `save` writes into a temporary folder keeping one checkpoint, deleted at exit. The
-    folder's name comes from the chief's directory and `worker`, and a start empties it, so a
-    worker killed with SIGKILL (no exit handlers) leaves at most that one checkpoint behind,
-    removed when it restarts;
+    folder is made by `tempfile.mkdtemp` (an unpredictable name, mode 0700) with a prefix from
+    the chief's directory and `worker`, and this worker holds a `flock` on a file in it; a start
+    removes this user's folders of the same prefix whose lock nobody holds, so a worker killed
+    with SIGKILL (no exit handlers) leaves at most one checkpoint behind, removed when it
+    restarts;
     `latest_checkpoint` is this worker's last save, or the chief's latest when it started, so
     that every worker sees the same step and takes the same decision to save or not (saves may
     be collectives).
@@ -172,11 +174,11 @@ class WorkerCheckpointManager(SafeCheckpointManager):
     ):
         self.chief_directory = chief_directory
         run = hashlib.sha1(os.path.abspath(chief_directory).encode()).hexdigest()[:12]
-        self.temp_directory = os.path.join(
-            tempfile.gettempdir(), f"orbitask-{run}-{_safe_name(worker)}"
-        )
-        shutil.rmtree(self.temp_directory, ignore_errors=True)  # a killed predecessor's
-        os.makedirs(self.temp_directory)
+        prefix = f"orbitask-{run}-{_safe_name(worker)}-"
+        _remove_abandoned(prefix)  # a killed predecessor's
+        self.temp_directory = tempfile.mkdtemp(prefix=prefix)
+        self._lock = model_dir_lock.FileLock(os.path.join(self.temp_directory, "worker.lock"))
+        self._lock.acquire()
         atexit.register(shutil.rmtree, self.temp_directory, True)
         self._chief_latest = tf.train.latest_checkpoint(chief_directory)
         super().__init__(checkpoint, self.temp_directory, max_to_keep=1, **kwargs)
@@ -197,6 +199,25 @@ class WorkerCheckpointManager(SafeCheckpointManager):
     def latest_checkpoint(self) -> str | None:
         """This worker's last save, else the chief's latest checkpoint when this worker started."""
         return self._latest_checkpoint or self._chief_latest
+
+
+def _remove_abandoned(prefix: str) -> None:
+    """Removes this user's temp folders named `prefix...` whose worker lock nobody holds."""
+    root = tempfile.gettempdir()
+    for name in os.listdir(root):
+        path = os.path.join(root, name)
+        if not name.startswith(prefix) or os.path.islink(path) or not os.path.isdir(path):
+            continue
+        if os.lstat(path).st_uid != os.getuid():
+            continue
+        lock = model_dir_lock.FileLock(os.path.join(path, "worker.lock"))
+        try:
+            if not lock.acquire():
+                continue  # a live worker's
+        except OSError:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        lock.release()
 
 
 def _safe_name(name: str) -> str:

@@ -6,7 +6,9 @@
 
 The task and model come from the gin files the run was trained with: by default the model
 directory's `operative_config.gin` (written when training starts), else `--gin_file` /
-`--gin_params` as for `orbitask train`. The SavedModel's layout and signature are
+`--gin_params` as for `orbitask train`. No code is imported from the model directory: the
+modules a gin `import` line names come from installed packages or the working directory (unless
+it is inside the model directory), as in training. The SavedModel's layout and signature are
 `trainers.saved_model`'s: one `serving_default` signature over the model's inputs, loadable with
 `tf.saved_model.load` and no orbitask; a dict of models gives one SavedModel per model. A mistake
 (no checkpoint, no gin config, no best or EMA weights) is one line on stderr, exit 2.
@@ -214,7 +216,8 @@ def main(argv: list[str]) -> int:
 
     try:
         path = checkpoint_to_export(FLAGS.model_dir, FLAGS.best)
-        train.parse_gin(gin_files(FLAGS.model_dir, FLAGS.gin_file), FLAGS.gin_params)
+        files = gin_files(FLAGS.model_dir, FLAGS.gin_file)
+        train.parse_gin(files, FLAGS.gin_params, untrusted=FLAGS.model_dir)
         task = train.build_task()
         written = export(task, FLAGS.model_dir, path, ema=FLAGS.ema)
     except ConfigError as e:

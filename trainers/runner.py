@@ -20,6 +20,7 @@ from orbitask.trainers import (
     cluster,
     compat,
     inputs,
+    model_dir_lock,
     random_state,
     saved_model,
     settings,
@@ -71,12 +72,13 @@ class ExperimentRunner:
         self.evaluating = mode != "train"
         self.results: dict = {"train": {}, "eval": {}}
         self.trainer: TaskTrainer | None = None
+        self.model_dir_lock = model_dir_lock.ModelDirLock(model_dir)  # one run per directory
 
     def run(self) -> dict:
         """Builds everything, then runs the mode. Eager; returns `{"train", "eval"}` logs."""
         if cluster.is_server_task(self.settings.distribution.strategy):
             return cluster.serve()  # a parameter-server job's worker or ps task only serves
-        with compat.orbit_messages_to_absl():
+        with compat.orbit_messages_to_absl(), self.model_dir_lock:
             self.build()
             return self._run()
 
@@ -115,6 +117,7 @@ class ExperimentRunner:
         if self.chief:
             print(f"orbitask: {cluster.describe(self.strategy)}", flush=True)
         validation.check_model_dir(self.model_dir)
+        self.model_dir_lock.take(self.chief and self.training)  # refused if another run holds it
         with self.strategy.scope():
             self._build_objects()
             self.train_input = self._build_train_input() if self.training else None

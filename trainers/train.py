@@ -51,8 +51,11 @@ def _fail(message: str) -> int:
     return EXIT_USAGE
 
 
-def parse_gin(gin_files: list[str], gin_params: list[str]) -> None:
+def parse_gin(gin_files: list[str], gin_params: list[str], untrusted: str | None = None) -> None:
     """Parses gin files and bindings with `config_root()` on gin's search path.
+
+    A gin `import` finds modules installed, in the working directory or next to a .gin file;
+    with `untrusted` (a model directory), never in that folder or below it.
 
     Raises:
       ConfigError: naming the binding or file that is wrong.
@@ -82,8 +85,13 @@ def parse_gin(gin_files: list[str], gin_params: list[str]) -> None:
     gin_files = resolved
     # A gin `import my_task` finds my_task.py in the working directory or next to the .gin file.
     for folder in (os.getcwd(), *(os.path.dirname(os.path.abspath(p)) for p in gin_files)):
+        if untrusted is not None and _inside(folder, untrusted):
+            continue
         if folder not in sys.path:
             sys.path.append(folder)
+    kept = list(sys.path)
+    if untrusted is not None:  # also an entry already there ('' is the working directory)
+        sys.path[:] = [p for p in kept if not _inside(p or os.getcwd(), untrusted)]
     try:
         with compat.quiet_gin_path_probes():
             gin.parse_config_files_and_bindings(gin_files, gin_params, finalize_config=False)
@@ -99,6 +107,13 @@ def parse_gin(gin_files: list[str], gin_params: list[str]) -> None:
         ) from e
     except (ValueError, KeyError, TypeError, SyntaxError, OSError) as e:
         raise ConfigError(f"bad gin config: {_one_line(e)}") from e
+    finally:
+        sys.path[:] = kept
+
+
+def _inside(folder: str, root: str) -> bool:
+    folder, root = os.path.realpath(folder), os.path.realpath(root)
+    return os.path.commonpath([folder, root]) == root
 
 
 def build_task():
