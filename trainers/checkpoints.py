@@ -321,7 +321,7 @@ def require_complete(checkpoint: tf.train.Checkpoint, status, path: str) -> None
     matched = object_identity.ObjectIdentitySet(coordinator.object_by_proto_id.values())
     missing, absent_state = [], {}
     for name, obj in _variables_by_path(checkpoint).items():
-        if obj in matched:
+        if obj in matched or name == "save_counter":  # the Checkpoint's own count of saves
             continue
         child = name.split("/", 1)[0]
         if child not in CORE and child not in in_file:
