@@ -78,6 +78,15 @@ def test_an_evaluation_the_checkpoint_did_not_record_runs_first():
     assert last_eval_point(799, 800, 200) == 600 and last_eval_point(900, 800, 200) == 800
 
 
+def test_without_a_record_the_schedule_starts_at_the_restored_step():
+    # A fresh run, or a checkpoint written by --mode=train (no record: -1), resumed at 300.
+    evaluated = tf.Variable(-1, dtype=tf.int64)
+    controller, evaluator = _controller(300, evaluated)
+    controller.train_and_evaluate(340, eval_interval=20)
+    assert evaluator.steps == [320, 340]
+    assert int(evaluated.numpy()) == 340
+
+
 def test_the_last_checkpoint_records_the_last_evaluation(tmp_path):
     trainer, evaluated = _Trainer(), tf.Variable(0, dtype=tf.int64)
     checkpoint = tf.train.Checkpoint(step=trainer.global_step, evaluated=evaluated)

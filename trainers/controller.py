@@ -19,7 +19,9 @@ against it). Its additions:
 - `evaluated_step`, a checkpointed variable: each evaluation of `train_and_evaluate` sets it to
   its step before the eval actions run, so a checkpoint saved after an evaluation (by an eval
   action, or any later save) records it. A run resumed from a checkpoint whose record is older
-  than the newest evaluation point at or before its step evaluates first, at that step.
+  than the newest evaluation point at or before its step evaluates first, at that step. A
+  negative record means none (a fresh run, or a checkpoint written by `--mode=train`): the
+  schedule starts at the restored step.
 """
 
 from __future__ import annotations
@@ -108,7 +110,10 @@ class Controller(orbit.Controller):
         self._require("evaluator", for_method="train_and_evaluate")
         output = None
         step = int(self.global_step.numpy())
-        if self._evaluated is not None:
+        if self._evaluated is not None and int(self._evaluated.numpy()) < 0:
+            # No record (a fresh run, or a checkpoint of --mode=train): the schedule starts here.
+            self._evaluated.assign(step)
+        elif self._evaluated is not None:
             due = last_eval_point(step, train_steps, eval_interval)
             if due > int(self._evaluated.numpy()):
                 logging.info("evaluation of step %d not recorded: evaluating at %d", due, step)

@@ -219,7 +219,7 @@ class ExperimentRunner:
             extra_state["validation_control"] = control.build()
         if self.mode == "train_and_eval":  # the Controller's record of the last evaluation
             extra_state["evaluated_step"] = tf.Variable(
-                0,
+                -1,  # no record: a fresh run, or a checkpoint written without evaluations
                 dtype=tf.int64,
                 trainable=False,
                 name="evaluated_step",
