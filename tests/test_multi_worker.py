@@ -136,3 +136,27 @@ def test_two_killed_workers_resume_on_one_process(uninterrupted, tmp_path):
     assert resumed.keys() == workers.keys() and resumed
     for name in resumed:
         np.testing.assert_allclose(resumed[name], workers[name], rtol=1e-5, atol=1e-6)
+
+
+def test_a_damaged_state_file_resumes_both_workers_from_the_same_checkpoint(
+    uninterrupted, tmp_path
+):
+    """Both workers killed after a checkpoint, the chief's state file garbled: the restarted job
+    finds the checkpoints by their files on every worker (a worker that started afresh while the
+    chief resumed would train other steps, or wait forever in a collective) and ends with the
+    uninterrupted run's weights."""
+    model = tmp_path / "model"
+    flags = launching.train_flags(model, STEPS, mode="train_and_eval")
+    proc = launching.start(["--workers", "2"], flags, tmp_path / "first")
+    try:
+        faults.wait_for_checkpoint(model, proc, min_step=40)
+    finally:
+        launching.stop(proc)
+    killed_at = launching.latest_step(model)
+    assert killed_at < STEPS
+    (model / "checkpoint").write_bytes(b"model_checkpoint_path: ckpt-20 {")
+    status, text = launching.run(["--workers", "2"], flags, tmp_path / "second")
+    assert status == 0, text[-3000:]
+    assert text.count(f"resumed from {model}/ckpt-{killed_at} (step {killed_at})") == 2, text
+    assert "does not parse" in text
+    faults.assert_identical(faults.final_state(model), faults.final_state(uninterrupted / "model"))

@@ -178,6 +178,17 @@ def state_damage(directory: str, name: str = "ckpt") -> str | None:
     return None
 
 
+def held_checkpoints(directory: str, name: str = "ckpt", keep: int | None = None) -> list[str]:
+    """The checkpoints a manager of `directory` holds, oldest first: the state file's list when
+    it is sound, else those found by their files (the newest `keep`), as
+    `adopt_found_checkpoints` makes the chief's manager hold them."""
+    if state_damage(directory, name) is None:
+        state = tf.train.get_checkpoint_state(directory)
+        return list(state.all_model_checkpoint_paths) if state else []
+    found = scan(directory, name)
+    return found[-keep:] if keep else found
+
+
 @contextlib.contextmanager
 def _tolerant_state_reads():
     """Within: `tf.train.CheckpointManager` reads a state file that does not parse as none

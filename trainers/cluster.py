@@ -27,8 +27,7 @@ import tempfile
 import tensorflow as tf
 from absl import logging
 
-from orbitask.trainers import compat, model_dir_lock
-from orbitask.trainers.checkpoints import SafeCheckpointManager
+from orbitask.trainers import checkpoints, compat, model_dir_lock
 
 SERVER_TASKS = ("worker", "ps")
 
@@ -134,17 +133,19 @@ def for_this_worker(
     if is_chief(strategy):
         return manager
     task = tf_config().get("task", {})
+    settings = compat.manager_settings(manager)
     return WorkerCheckpointManager(
         manager.checkpoint,
         manager.directory,
         worker=f"{task.get('type', 'worker')}-{task.get('index', 0)}",
-        checkpoint_name=compat.manager_settings(manager)["checkpoint_name"],
-        step_counter=compat.manager_settings(manager)["step_counter"],
+        chief_keep=settings["max_to_keep"],
+        checkpoint_name=settings["checkpoint_name"],
+        step_counter=settings["step_counter"],
         checkpoint_interval=manager.checkpoint_interval,
     )
 
 
-class WorkerCheckpointManager(SafeCheckpointManager):
+class WorkerCheckpointManager(checkpoints.SafeCheckpointManager):
     """A non-chief worker's manager: restores the chief's checkpoints, saves into a temp folder.
 
     `directory` and `checkpoints` are the chief's (what restores and continuous evaluation
@@ -156,12 +157,15 @@ class WorkerCheckpointManager(SafeCheckpointManager):
     restarts;
     `latest_checkpoint` is this worker's last save, or the chief's latest when it started, so
     that every worker sees the same step and takes the same decision to save or not (saves may
-    be collectives).
+    be collectives). The chief's checkpoints are read as the chief's manager holds them: from
+    its state file, or by their files when the state file is damaged
+    (`checkpoints.held_checkpoints`), so every worker restores the same step.
 
     Args:
       checkpoint: this worker's `tf.train.Checkpoint`.
       chief_directory: the model directory the chief saves into.
       worker: this worker's name in the cluster (e.g. "worker-1").
+      chief_keep: the chief's `max_to_keep` (None: all).
       **kwargs: passed to `tf.train.CheckpointManager` (step_counter, checkpoint_interval).
     """
 
@@ -170,9 +174,12 @@ class WorkerCheckpointManager(SafeCheckpointManager):
         checkpoint: tf.train.Checkpoint,
         chief_directory: str,
         worker: str = "worker",
+        chief_keep: int | None = None,
         **kwargs,
     ):
         self.chief_directory = chief_directory
+        self._chief_name = kwargs.get("checkpoint_name", "ckpt")
+        self._chief_keep = chief_keep
         run = hashlib.sha1(os.path.abspath(chief_directory).encode()).hexdigest()[:12]
         prefix = f"orbitask-{run}-{_safe_name(worker)}-"
         _remove_abandoned(prefix)  # a killed predecessor's
@@ -180,7 +187,8 @@ class WorkerCheckpointManager(SafeCheckpointManager):
         self._lock = model_dir_lock.FileLock(os.path.join(self.temp_directory, "worker.lock"))
         self._lock.acquire()
         atexit.register(shutil.rmtree, self.temp_directory, True)
-        self._chief_latest = tf.train.latest_checkpoint(chief_directory)
+        held = self.checkpoints
+        self._chief_latest = held[-1] if held else None
         super().__init__(checkpoint, self.temp_directory, max_to_keep=1, **kwargs)
         logging.info("non-chief worker: saving into %s", self.temp_directory)
 
@@ -192,8 +200,9 @@ class WorkerCheckpointManager(SafeCheckpointManager):
     @property
     def checkpoints(self) -> list[str]:
         """The chief's checkpoints, oldest first."""
-        state = tf.train.get_checkpoint_state(self.chief_directory)
-        return list(state.all_model_checkpoint_paths) if state else []
+        return checkpoints.held_checkpoints(
+            self.chief_directory, self._chief_name, self._chief_keep
+        )
 
     @property
     def latest_checkpoint(self) -> str | None:
