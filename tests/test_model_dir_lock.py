@@ -60,6 +60,8 @@ def test_second_run_is_refused_and_a_killed_runs_lock_is_taken_over(tmp_path, ca
 def test_leftovers_of_killed_saves_are_removed_at_start(tmp_path):
     model = tmp_path / "model"
     half = [model / "ckpt-20_temp", model / "best" / "best_ckpt-8_temp"]
+    half += [model / "input" / "ckpt-20" / "worker-0-of-1_temp"]  # an input position
+    half += [model / "input" / "ckpt-20" / "worker-0-of-1.shuffle_seeds_temp"]
     for folder in half:
         folder.mkdir(parents=True)
         (folder / "part-00000-of-00001.data-00000-of-00001").write_bytes(b"half")

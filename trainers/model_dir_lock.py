@@ -9,7 +9,8 @@ next run. Only the chief of a multi-worker job takes the lock: its workers share
 `eval` and `continuous_eval` only read checkpoints and take no lock, so they run beside training.
 
 Holding the lock, the run removes what a killed save left: `ckpt-N_temp/` folders and the
-`*.tmp<hex>` files of atomic writes, in the model directory and `best/`.
+`*.tmp<hex>` files of atomic writes, in the model directory and `best/`, and the `<name>_temp/`
+folders of input positions under `input/ckpt-N/`.
 
 The lock needs a local or NFS path; a directory on other storage (`gs://...`) is not locked.
 """
@@ -28,6 +29,7 @@ from orbitask.trainers.errors import ConfigError
 
 LOCK_FILE = "orbitask.lock"
 _LEFTOVER = re.compile(r".+-\d+_temp|.+\.tmp[0-9a-f]{32}")
+_INPUT_LEFTOVER = re.compile(r".+_temp|.+\.tmp[0-9a-f]{32}")  # input/ckpt-N/ holds saves only
 
 
 class FileLock:
@@ -107,12 +109,19 @@ class ModelDirLock:
 
 def remove_leftovers(model_dir: str) -> None:
     """Removes the half-written files of killed saves: `ckpt-N_temp/` folders and `*.tmp<hex>`
-    files, in `model_dir` and `model_dir/best`. Eager; the caller holds the lock."""
-    for folder in (model_dir, os.path.join(model_dir, "best")):
+    files, in `model_dir` and `model_dir/best`, and `*_temp/` folders in `model_dir/input/ckpt-N`
+    (input positions). Eager; the caller holds the lock."""
+    folders = [(model_dir, _LEFTOVER), (os.path.join(model_dir, "best"), _LEFTOVER)]
+    inputs = os.path.join(model_dir, "input")
+    if os.path.isdir(inputs):
+        for name in sorted(os.listdir(inputs)):
+            if re.fullmatch(r"ckpt-\d+", name):
+                folders.append((os.path.join(inputs, name), _INPUT_LEFTOVER))
+    for folder, pattern in folders:
         if not os.path.isdir(folder):
             continue
         for name in os.listdir(folder):
-            if not _LEFTOVER.fullmatch(name):
+            if not pattern.fullmatch(name):
                 continue
             path = os.path.join(folder, name)
             logging.info("removing %s, left by a save that did not finish", path)
