@@ -3,6 +3,7 @@
 import glob
 import os
 
+import keras
 import pytest
 import tensorflow as tf
 
@@ -63,6 +64,42 @@ def test_deferred_callback_sees_the_same_steps_and_logs_in_fewer_loops(
         assert got["loss"] == pytest.approx(want["loss"], rel=1e-6), step
         assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-6), step
     assert lazy.every7.calls[0][1]["loss"] == pytest.approx(exact.every7.calls[0][1]["loss"])
+    # Every call sees the metrics and the learning rate; metrics accumulate from the start of
+    # the device loop: both runs' first loops start at step 1, so step 3 agrees, and at step 21
+    # (a loop end) the deferred call sees what the ordinary one does.
+    for _, logs in lazy.every3.calls:
+        assert set(logs) == {"loss", "grad_norm", "accuracy", "learning_rate"}, logs
+    first_exact, first_lazy = exact.every3.calls[0][1], lazy.every3.calls[0][1]
+    assert first_lazy["accuracy"] == pytest.approx(first_exact["accuracy"], rel=1e-6)
+    assert first_lazy["learning_rate"] == pytest.approx(first_exact["learning_rate"])
+
+
+class Examples(keras.metrics.Metric):
+    """Counts the examples seen since the last reset."""
+
+    def __init__(self):
+        super().__init__(name="examples")
+        self.count = self.add_weight(name="count", initializer="zeros")
+
+    def update_state(self, labels, outputs, sample_weight=None):
+        self.count.assign_add(tf.cast(tf.shape(labels)[0], tf.float32))
+
+    def result(self):
+        return tf.identity(self.count)
+
+
+class CountingExamples(Both):
+    def build_metrics(self, training=True):
+        return [Examples()]
+
+
+def test_a_deferred_callback_sees_the_metrics_of_its_own_step(tmp_path):
+    """Loops end at 7, 14, 21, 23 (the ordinary callback); the deferred one, due at 3, 6, ...,
+    sees the examples counted from its loop's start to its own step (8 per step)."""
+    task = CountingExamples(defer=True)
+    _train(task, tmp_path)
+    seen = {step: logs["examples"] for step, logs in task.every3.calls}
+    assert seen == {3: 24, 6: 48, 9: 16, 12: 40, 15: 8, 18: 32, 21: 56}
 
 
 def test_deferred_callback_runs_before_an_ordinary_one_due_at_the_same_step(tmp_path):

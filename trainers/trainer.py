@@ -42,8 +42,8 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
       nan_guard: the built `trainers.NanGuard` of the step, or None: a tripped guard ends the
         device loop early.
       ema: a built `trainers.ExponentialMovingAverage` (evaluation swaps its weights in), or None.
-      record_history: keep every step's scalar logs of the last device loop in `loop_history`
-        (for `tasks.deferred` callbacks).
+      record_history: keep every step's scalar logs (metrics and learning rate included) of the
+        last device loop in `loop_history` (for `tasks.deferred` callbacks).
     """
 
     # The loop function copies `lr` into the optimizer first; a subclass whose loops run where
@@ -151,9 +151,14 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         return self._loop.history
 
     def _history_row(self, logs: dict) -> tf.Tensor:
-        """The step's scalar logs as one float32 vector (traced); names in `_history_keys`."""
-        self._history_keys = sorted(k for k, v in logs.items() if v.shape.rank == 0)
-        return tf.stack([tf.cast(logs[k], tf.float32) for k in self._history_keys])
+        """The step's scalar logs, the train metrics' results so far in this device loop and the
+        learning rate, as one float32 vector (traced); names in `_history_keys`. The names are
+        those of the logs at a loop's end (`train_loop_end`)."""
+        scalars = {**logs, **{m.name: m.result() for m in self.train_metrics}}
+        scalars = {k: tf.convert_to_tensor(v) for k, v in scalars.items()}
+        scalars["learning_rate"] = self.lr.read_value()
+        self._history_keys = sorted(k for k, v in scalars.items() if v.shape.rank == 0)
+        return tf.stack([tf.cast(scalars[k], tf.float32) for k in self._history_keys])
 
     def create_train_loop_fn(self):
         """A tf.function running `num_steps` steps and returning the last step's logs."""
