@@ -85,8 +85,8 @@ class ModelGardenTask(Task):
 
     def __new__(cls, task: Any = None, *args: Any, **kwargs: Any):
         del args, kwargs
-        if cls is ModelGardenTask and is_model_garden_task(task) and _own_log_reduction(task):
-            cls = ModelGardenTaskWithLogs  # its aggregate_logs runs on the host
+        if is_model_garden_task(task) and _own_log_reduction(task):
+            cls = _with_logs(cls)  # its aggregate_logs runs on the host
         return super().__new__(cls)
 
     def __init__(self, task: Any, experiment: Any = None, **task_kwargs: Any):
@@ -234,7 +234,8 @@ _TASK, _SUM, _COUNT = "task", "loss_sum", "loss_count"
 
 class ModelGardenTaskWithLogs(ModelGardenTask):
     """A `ModelGardenTask` whose task has its own `aggregate_logs` / `reduce_aggregated_logs`:
-    each step's outputs reach them, as in Model Garden. `ModelGardenTask(task)` picks it."""
+    each step's outputs reach them, as in Model Garden. `ModelGardenTask(task)` picks it, and a
+    subclass of `ModelGardenTask` gets it behind its own methods."""
 
     def validation_step(
         self, batch: Any, model: Any, metrics: list | None = None, *, loss_fn: Any, lr: Any
@@ -266,6 +267,20 @@ class ModelGardenTaskWithLogs(ModelGardenTask):
         if state.get(_COUNT):
             logs[self.loss] = state[_SUM] / state[_COUNT]
         return logs
+
+
+_WITH_LOGS: dict[type, type] = {}
+
+
+def _with_logs(cls: type) -> type:
+    """`cls` (`ModelGardenTask` or a user's subclass) with `ModelGardenTaskWithLogs`'s log
+    reduction behind the subclass's own methods: a class of the same name, made once per `cls`."""
+    if cls is ModelGardenTask or issubclass(cls, ModelGardenTaskWithLogs):
+        return ModelGardenTaskWithLogs if cls is ModelGardenTask else cls
+    if cls not in _WITH_LOGS:
+        names = {k: getattr(cls, k) for k in ("__module__", "__qualname__", "__doc__")}
+        _WITH_LOGS[cls] = type(cls.__name__, (cls, ModelGardenTaskWithLogs), names)
+    return _WITH_LOGS[cls]
 
 
 def _to_python(value: Any) -> Any:

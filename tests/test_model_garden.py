@@ -113,10 +113,6 @@ class Seen(ModelGardenTask):
         return {1: [self.seen, keep_optimizer]}
 
 
-class SeenWithLogs(Seen, ModelGardenTaskWithLogs):
-    """`Seen` for a task with its own aggregate_logs (MockTask)."""
-
-
 def _mean_validation_loss(weights) -> float:
     model = Classifier().build_model()
     model.set_weights(weights)
@@ -133,6 +129,11 @@ def test_mock_task_trains_resumes_exactly_and_evaluates(tmp_path):
     weights of an uninterrupted one, and evaluation gives its own reduced logs plus the loss
     reduced as Model Garden's trainer reduces it (a mean over replicas and steps)."""
     assert type(ModelGardenTask(new_mock_task(tmp_path))) is ModelGardenTaskWithLogs
+    # A subclass (adding callbacks) keeps the task's own log reduction behind its own methods.
+    seen = Seen(new_mock_task(tmp_path))
+    assert isinstance(seen, Seen) and isinstance(seen, ModelGardenTaskWithLogs)
+    assert type(seen).__name__ == "Seen" and type(Seen(new_mock_task(tmp_path))) is type(seen)
+    assert type(Seen(Classifier())) is Seen  # a task without its own reduction
     # Device loops of 3 steps in both runs: tf_keras Nadam keeps a Python counter that is baked
     # into each traced loop, so its update depends on the steps at which device loops start.
     settings = dict(
@@ -164,10 +165,21 @@ def test_mock_task_trains_resumes_exactly_and_evaluates(tmp_path):
         assert run["train"]["loss"] == pytest.approx(float(logs["train"]["loss"]))
 
 
+def test_a_subclass_keeps_the_tasks_own_aggregate_logs(tmp_path):
+    """`Seen` adds a callback; MockTask's own reduction (a sum of `counter` over the steps)
+    still gives the evaluation its `counter`."""
+    settings = dict(global_batch_size=2, eval_steps=3, eval_interval=None, progress=False)
+    logs = run_experiment(
+        Seen(new_mock_task(tmp_path)), str(tmp_path), mode="train_and_eval", train_steps=1,
+        **settings,
+    )  # fmt: skip
+    assert logs["eval"]["counter"] == 3.0
+
+
 def test_experiment_config_optimizer_moves_weights_by_exactly_lr_times_gradient(tmp_path):
     """MockTask's loss is its Dense bias, whose gradient is exactly 1: SGD from the
     ExperimentConfig (rate 0.1) moves it by exactly -0.1 a step, and the run's rate is 0.1."""
-    task = SeenWithLogs(new_mock_task(tmp_path), experiment=mock_experiment(SGD_01))
+    task = Seen(new_mock_task(tmp_path), experiment=mock_experiment(SGD_01))
     logs = run_experiment(
         task, str(tmp_path), mode="train", train_steps=3, global_batch_size=2, progress=False
     )
@@ -250,10 +262,13 @@ def test_a_rate_for_an_optimizer_with_its_own_schedule_is_one_line(tmp_path):
     assert not list(tmp_path.glob("ckpt-*"))
 
 
-def test_default_optimizer_and_initialize_on_a_fresh_run_only(tmp_path):
+def test_default_optimizer_and_initialize_on_a_fresh_run_only(tmp_path, capsys):
     first = Classifier()
     task = Seen(first)
     run_experiment(task, str(tmp_path), mode="train", train_steps=2, global_batch_size=8)
+    said = [x for x in capsys.readouterr().out.splitlines() if "defaults that change" in x]
+    assert len(said) == 1 and "Nadam(epsilon=0.001) with global-norm clipping at 10.0" in said[0]
+    assert "without its ExperimentConfig" in said[0]
     assert isinstance(task.optimizer, tf_keras.optimizers.Nadam)  # the seed's default
     assert task.optimizer.epsilon == pytest.approx(1e-3)
     assert task.optimizer.global_clipnorm == pytest.approx(10.0)

@@ -21,6 +21,7 @@ from orbitask.trainers import (
     compat,
     inputs,
     model_dir_lock,
+    numeric_defaults,
     random_state,
     saved_model,
     settings,
@@ -116,6 +117,9 @@ class ExperimentRunner:
         self.chief = cluster.is_chief(self.strategy)  # keeps checkpoints, summaries, config
         if self.chief:
             print(f"orbitask: {cluster.describe(self.strategy)}", flush=True)
+            notice = numeric_defaults.line(self.task, self.settings.features.nan_guard)
+            if notice and self.training:
+                print(notice, flush=True)
         validation.check_model_dir(self.model_dir)
         self.model_dir_lock.take(self.chief and self.training)  # refused if another run holds it
         with self.strategy.scope():
