@@ -143,6 +143,7 @@ deferred(print_loss, batch=_print_losses)
 
 _SCALAR_WRITERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # writer -> {tag: [(step, v)]}
+_TAKEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # writer -> {tag: last point}
 _METADATA: dict[str, bytes] = {}
 
 
@@ -151,8 +152,15 @@ def keep_scalars(writer: Any, tag: str, points: Sequence[tuple[int, float]]) -> 
 
     Eager; returns None. A traced write costs far more per call than per point, so the
     trainer's summaries and `print_loss` keep their points and write them every few loops.
+    A point equal to the tag's last one (the loop's `loss`, kept by both the summaries and
+    `print_loss`), kept or already taken for writing, is not kept twice.
     """
-    _KEPT.setdefault(writer, {}).setdefault(tag, []).extend(points)
+    kept = _KEPT.setdefault(writer, {}).setdefault(tag, [])
+    last = kept[-1] if kept else _TAKEN.get(writer, {}).get(tag)
+    for point in points:
+        if point != last:
+            kept.append(point)
+            last = point
 
 
 def write_kept_scalars(writer: Any, write: bool = True) -> bool:
@@ -176,6 +184,8 @@ def take_kept_scalars(writer: Any) -> tuple[list, list, list] | None:
     kept = _KEPT.pop(writer, {})
     if not kept:
         return None
+    taken = _TAKEN.setdefault(writer, {})
+    taken.update({tag: points[-1] for tag, points in kept.items() if points})
     tags, steps, values = [], [], []
     for tag, points in sorted(kept.items()):
         for step, value in points:
