@@ -66,6 +66,23 @@ def adapt(task: Any) -> Any:
     return ModelGardenTask(task) if is_model_garden_task(task) else task
 
 
+def with_experiment(task: Any, experiment: Any) -> ModelGardenTask:
+    """Returns the Model Garden `task` wrapped with its `ExperimentConfig` (`run_experiment`'s
+    `params`). Eager.
+
+    Raises:
+      ConfigError: when `task` is not a Model Garden task as it is (an orbitask Task, or one
+        already wrapped: pass its `experiment` there).
+    """
+    if not is_model_garden_task(task):
+        raise ConfigError(
+            "run_experiment.params is a Model Garden ExperimentConfig for a Model Garden task as "
+            f"it is; received a task of type {type(task).__name__}. For an already wrapped task, "
+            "pass orbitask.ModelGardenTask(task, experiment=params) instead."
+        )
+    return ModelGardenTask(task, experiment=experiment)
+
+
 @gin.configurable("ModelGardenTask", module="orbitask")
 class ModelGardenTask(Task):
     """A Model Garden task as an orbitask Task (module docstring). `run_experiment` wraps one

@@ -190,6 +190,21 @@ def test_experiment_config_optimizer_moves_weights_by_exactly_lr_times_gradient(
     assert logs["train"]["learning_rate"] == pytest.approx(0.1)
 
 
+def test_run_experiment_takes_the_experiment_config_beside_the_task(tmp_path, capsys):
+    """As Model Garden's `train_lib.run_experiment(params=...)`: the config's SGD (rate 0.1), no
+    wrapping, and no line about the seed's optimizer."""
+    logs = run_experiment(
+        new_mock_task(tmp_path), str(tmp_path), mode="train", train_steps=3, global_batch_size=2,
+        progress=False, params=mock_experiment(SGD_01),
+    )  # fmt: skip
+    assert logs["train"]["learning_rate"] == pytest.approx(0.1)
+    bias = float(checkpoint_weights(new_mock_task(tmp_path), tmp_path)[1][0])
+    assert bias == pytest.approx(0.7, rel=1e-6)
+    assert "defaults that change" not in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="Model Garden task as it is"):
+        run_experiment(TinyTask(), str(tmp_path / "x"), train_steps=1, params=sgd_experiment())
+
+
 SGD_DECAY = {
     "optimizer": {"type": "sgd", "sgd": {"momentum": 0.0}},
     "learning_rate": {

@@ -6,6 +6,7 @@ from typing import Any
 
 import gin
 
+from orbitask.tasks import model_garden
 from orbitask.trainers.runner import ExperimentRunner
 from orbitask.trainers.settings import Settings
 
@@ -42,6 +43,7 @@ def run_experiment(
     mixed_precision: str | None = None,
     ema: Any = None,
     export_at_end: bool = False,
+    params: Any = None,
 ) -> dict:
     """Trains and/or evaluates `task`, writing checkpoints and summaries under `model_dir`.
 
@@ -54,6 +56,9 @@ def run_experiment(
         (wrapped in `orbitask.ModelGardenTask`; docs/porting_from_model_garden.md).
       model_dir: checkpoints go here, summaries under `train/` and `eval/`.
       mode: "train", "eval", "train_and_eval" or "continuous_eval".
+      params: for a Model Garden `task`, its `ExperimentConfig`, as Model Garden's
+        `train_lib.run_experiment(params=...)` takes it: the optimizer and its schedule are the
+        config's (`orbitask.ModelGardenTask(task, experiment=params)`). None: the seed's.
       **settings: every other argument is a field of one group in `settings` and is documented
         there: `LoopSettings` (train_steps, global_batch_size, learning_rate, steps_per_loop,
         loop_seconds, use_tf_while_loop, jit_compile, gradient_accumulation_steps, seed,
@@ -73,4 +78,7 @@ def run_experiment(
     """
     flat = dict(locals())
     task, model_dir, mode = flat.pop("task"), flat.pop("model_dir"), flat.pop("mode")
+    params = flat.pop("params")
+    if params is not None:
+        task = model_garden.with_experiment(task, params)
     return ExperimentRunner(task, model_dir, mode, Settings.from_flat(**flat)).run()

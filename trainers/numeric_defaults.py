@@ -25,8 +25,8 @@ def in_effect(task: Task, nan_guard: Any) -> list[str]:
             return []
         clip = f" with global-norm clipping at {task.clip_norm}" if task.clip_norm else ""
         return [
-            f"{nadam}{clip}: the Model Garden task came without its ExperimentConfig (pass it "
-            "as orbitask.ModelGardenTask(task, experiment=config) for its own optimizer)"
+            f"{nadam}{clip}: the Model Garden task came without its ExperimentConfig (pass "
+            "run_experiment(..., params=config) for the config's optimizer)"
         ]
     cls, out = type(task), []
     default_update = cls.update_pre is Task.update_pre and cls.train_step is Task.train_step
