@@ -31,9 +31,9 @@ import gin
 import tensorflow as tf
 
 from orbitask.tasks import callbacks as callbacks_lib
-from orbitask.tasks import eval_logs, keras_compat
+from orbitask.tasks import eval_logs, keras_compat, setting_rules
 from orbitask.tasks import gradients as gradients_lib
-from orbitask.tasks.errors import ConfigError, check_positive_int_or_none
+from orbitask.tasks.errors import ConfigError, MissingBuilder
 
 
 def _batch_size(tree: Any) -> tf.Tensor:
@@ -84,13 +84,16 @@ class Task:
         train_prefetch_bytes: int | None = 64 * 2**20,
         name: str | None = None,
     ):
-        if clip_norm is not None and not clip_norm > 0:
-            raise ConfigError(
-                f"`clip_norm` must be positive or None; received {clip_norm!r}. "
-                "Set Task.clip_norm in your .gin file."
-            )
-        check_positive_int_or_none("Task", "train_prefetch", train_prefetch)
-        check_positive_int_or_none("Task", "train_prefetch_bytes", train_prefetch_bytes)
+        setting_rules.check(
+            "Task",
+            dict(
+                clip_norm=clip_norm,
+                optimizer_epsilon=optimizer_epsilon,
+                max_to_keep=max_to_keep,
+                train_prefetch=train_prefetch,
+                train_prefetch_bytes=train_prefetch_bytes,
+            ),
+        )
         if keras_flavour not in (None, *keras_compat.FLAVOURS):
             raise ConfigError(
                 f"`keras_flavour` must be None, 'keras' or 'tf_keras'; received {keras_flavour!r}."
@@ -116,7 +119,7 @@ class Task:
         Shard by `input_context.input_pipeline_id` when several pipelines exist (multi-worker).
         A training dataset should repeat; a validation dataset should be finite.
         """
-        raise NotImplementedError(f"{type(self).__name__} must implement build_inputs().")
+        raise MissingBuilder(f"{type(self).__name__} must implement build_inputs().")
 
     def make_batches(self, dataset: tf.data.Dataset, per_replica_batch_size: int):
         """Returns the dataset with custom batching (seed default: unchanged). Eager, once."""
@@ -125,14 +128,14 @@ class Task:
 
     def build_model(self) -> Any:
         """Returns the model (a Keras model, or a dict of them). Eager, in strategy scope."""
-        raise NotImplementedError(f"{type(self).__name__} must implement build_model().")
+        raise MissingBuilder(f"{type(self).__name__} must implement build_model().")
 
     def build_losses(self) -> Any:
         """Returns `loss_fn`; `loss_fn(loss_input)` gives per-example losses or their sum.
 
         Eager, once, in strategy scope; `loss_fn` itself is traced by tf.function in each step.
         """
-        raise NotImplementedError(f"{type(self).__name__} must implement build_losses().")
+        raise MissingBuilder(f"{type(self).__name__} must implement build_losses().")
 
     def build_optimizer(self, learning_rate: Any) -> Any:
         """Returns the optimizer: `Nadam(learning_rate, epsilon=1e-3)` of the model's flavour.

@@ -1,4 +1,5 @@
-"""`ConfigError`: a user's configuration mistake, which the binary shows as one line (exit 2)."""
+"""`ConfigError` and `MissingBuilder`: a user's configuration mistakes, which the binary shows as
+one line (exit 2)."""
 
 import re
 
@@ -7,18 +8,15 @@ class ConfigError(ValueError, TypeError):
     """A bad setting, gin binding, flag, data shape or path, found before the first step.
 
     It is both a ValueError and a TypeError, the two kinds of mistake a setting can make. Only
-    this exception is turned into one line by the runner and the binary: any other exception,
-    from the user's own code included, keeps its traceback.
+    this exception and `MissingBuilder` are turned into one line by the binary: any other
+    exception, from the user's own code included, keeps its traceback.
     """
 
 
-def check_positive_int_or_none(owner: str, name: str, value: object) -> None:
-    """Raises ConfigError unless `value` is a positive int or None. Eager; returns None."""
-    if value is not None and not (type(value) is int and value > 0):
-        raise ConfigError(
-            f"`{name}` must be a positive int or None; received {value!r}. "
-            f"Set {owner}.{name} in your .gin file."
-        )
+class MissingBuilder(NotImplementedError):
+    """A builder the base `Task` leaves to subclasses (`build_inputs`, `build_model`,
+    `build_losses`) is not implemented: the binary shows it as one line (exit 2), as a
+    configuration mistake such as `TASK = @orbitask.Task()`."""
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")

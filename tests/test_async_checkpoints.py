@@ -124,5 +124,5 @@ def test_the_input_position_is_taken_on_the_training_thread_at_the_saved_step(tm
 
 
 def test_a_non_boolean_setting_is_one_line():
-    with pytest.raises(ConfigError, match="`async_checkpoints` must be True or False"):
+    with pytest.raises(ConfigError, match="Expected True or False. Received: async_checkpoints="):
         run_experiment(TinyTask(), "unused", mode="train", train_steps=1, async_checkpoints=1)

@@ -1,12 +1,18 @@
 """Bad input is refused before any work, with one line saying what was expected and received."""
 
+import pathlib
+import re
+
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from orbitask.tasks import setting_rules
 from orbitask.trainers import ConfigError, run_experiment
 from tests.helpers import TinyTask
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
 
 
 def _run(task, model_dir, **kwargs):
@@ -89,14 +95,55 @@ def test_bad_data_is_reported_before_any_step(tmp_path, task_class, message):
         (dict(global_batch_size=9, strategy="mirrored"), r"\(9\) must be divisible by .* \(2\)"),
         (dict(mode="fit"), r"`mode` must be one of train, eval"),
         (dict(strategy="tpu_pod"), r"`strategy` must be .* received 'tpu_pod'"),
-        (dict(train_steps=0), r"`train_steps` must be a positive integer; received 0"),
-        (dict(steps_per_loop=-1), r"`steps_per_loop` must be a positive integer"),
+        (dict(train_steps=0), r"Expected a positive integer\. Received: train_steps=0 of type int"),
+        (dict(steps_per_loop=-1), r"Received: steps_per_loop=-1 of type int"),
     ],
 )
 def test_bad_settings(tmp_path, settings, message):
     with pytest.raises(ConfigError, match=message):
         _run(TinyTask(), tmp_path / "run", **settings)
     assert not (tmp_path / "run").exists()
+
+
+# Wrong values for each rule of `setting_rules.RULES`: a wrong type first, then out of range.
+BAD_VALUES = {
+    "a positive integer": ["8", 0, 2.5, True],
+    "a positive integer or None": ["8", -1, 1.0],
+    "a positive finite number": ["1e-3", 0.0, float("inf")],
+    "a positive finite number or None": ["60", 0, -1.5, float("nan")],
+    "a non-negative integer or None": ["7", -1, 0.5],
+    "True or False": ["yes", 1, None],
+    setting_rules.LEARNING_RATE.expected: ["fast", -1.0, 0, float("nan"), True],
+}
+TABLE = [
+    (binding, value)
+    for binding, rule in setting_rules.RULES.items()
+    for value in BAD_VALUES[rule.expected]
+]
+
+
+@pytest.mark.parametrize("binding, value", TABLE, ids=[f"{b}={v!r}" for b, v in TABLE])
+def test_each_setting_of_the_wrong_type_or_range_is_one_line(tmp_path, binding, value):
+    owner, name = binding.split(".")
+    with pytest.raises(ConfigError) as info:
+        if owner == "Task":
+            TinyTask(**{name: value})
+        else:
+            _run(TinyTask(), tmp_path / "run", **{name: value})
+    assert str(info.value).splitlines()[0] == (
+        f"Expected {setting_rules.RULES[binding].expected}. Received: {name}={value!r} of type "
+        f"{type(value).__name__}. Fix orbitask.{binding} in your experiment's .gin file or with "
+        "--gin_params."
+    )
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_rules_cover_every_number_and_switch_that_defaults_gin_binds():
+    text = (REPO / "configs" / "defaults.gin").read_text()
+    bound = re.findall(r"^orbitask\.(\w+\.\w+) = (?:[-\d.e]+|True|False)\b", text, re.M)
+    assert bound, text
+    missing = sorted({*bound, "run_experiment.learning_rate"} - set(setting_rules.RULES))
+    assert not missing, missing
 
 
 def test_model_dir_that_is_not_writable(tmp_path):

@@ -83,8 +83,9 @@ def test_a_configuration_mistake_is_one_line_and_exit_2(tmp_path):
     assert "Traceback" not in result.stderr
     lines = [line for line in result.stderr.splitlines() if line.startswith("orbitask: error:")]
     assert lines == [
-        "orbitask: error: `steps_per_loop` must be a positive integer; received 0. Set "
-        "run_experiment.steps_per_loop in your experiment's .gin file or with --gin_params."
+        "orbitask: error: Expected a positive integer. Received: steps_per_loop=0 of type int. "
+        "Fix orbitask.run_experiment.steps_per_loop in your experiment's .gin file or with "
+        "--gin_params."
     ]
 
 
@@ -124,3 +125,140 @@ def test_a_data_error_in_a_step_names_the_step(tmp_path):
         _run(BadLabel(), tmp_path, train_steps=20, steps_per_loop=20, loop_seconds=None)
     notes = " ".join(getattr(info.value, "__notes__", []))
     assert "after global step 6" in notes, notes
+
+
+class NameErrorInLossPre(TinyTask):
+    def loss_pre(self, outputs, batch, model, lr):
+        return outputs, labels  # noqa: F821 -- the user's bug
+
+
+@pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
+def test_a_bug_in_a_stage_during_the_pre_flight_check_keeps_its_type_and_traceback(
+    tmp_path, strategy
+):
+    with pytest.raises(NameError, match="labels") as info:
+        _run(NameErrorInLossPre(), tmp_path, strategy=strategy)
+    assert not isinstance(info.value, ConfigError)
+    assert info.traceback[-1].name == "loss_pre"
+    assert "before the first step" in " ".join(info.value.__notes__)
+    assert tf.train.latest_checkpoint(str(tmp_path)) is None
+
+
+# The binary in-process: the user's module (imported by a gin `import` line) raises in its own
+# code; the exception leaves main() with its type and its traceback to the user's file.
+USER_BUGS = [
+    (
+        "type_error_in_init",
+        """
+        @gin.configurable
+        class {name}(TinyTask):
+            def __init__(self, **kwargs):
+                super().__init__(**kwargs)
+                self.scale = "2" * 1.5
+        """,
+        TypeError,
+        "__init__",
+    ),
+    (
+        "type_error_at_import",
+        """
+        SCALE = len(3)
+        """,
+        TypeError,
+        "<module>",
+    ),
+    (
+        "own_not_implemented_error",
+        """
+        @gin.configurable
+        class {name}(TinyTask):
+            def build_model(self):
+                raise NotImplementedError("a model for this data is still to come")
+        """,
+        NotImplementedError,
+        "build_model",
+    ),
+]
+
+
+@pytest.mark.parametrize("case, source, error, function", USER_BUGS, ids=[c[0] for c in USER_BUGS])
+def test_the_binary_keeps_the_users_exception_and_traceback(
+    tmp_path, case, source, error, function
+):
+    name = f"Bug_{case}_{os.getpid()}"
+    module = f"user_{case}_{tmp_path.name}".replace("-", "_")
+    header = "import gin\nfrom tests.helpers import TinyTask\n"
+    (tmp_path / f"{module}.py").write_text(header + textwrap.dedent(source.format(name=name)))
+    task = f"@{name}()" if "{name}" in source else "@orbitask.DigitsClassification()"
+    (tmp_path / "user.gin").write_text(
+        f"include 'configs/defaults.gin'\nimport {module}\nTASK = {task}\nTRAIN_STEPS = 3\n"
+        "orbitask.run_experiment.progress = False\n"
+    )
+    from orbitask.tasks.errors import MissingBuilder
+    from orbitask.trainers import train
+
+    argv = [f"--gin_file={tmp_path / 'user.gin'}", f"--model_dir={tmp_path / 'run'}"]
+    with pytest.raises(error) as info:
+        train.main([*argv, "--mode=train"])
+    assert not isinstance(info.value, (ConfigError, MissingBuilder))
+    user_frames = [e.name for e in info.traceback if e.path.name == f"{module}.py"]
+    assert user_frames and user_frames[-1] == function, info.traceback
+
+
+# Framework settings of the wrong type or range: one line, exit 2, before any work.
+@pytest.mark.parametrize(
+    "binding, expected",
+    [
+        (
+            "orbitask.run_experiment.learning_rate = 'fast'",
+            "Received: learning_rate='fast' of type str. Fix orbitask.run_experiment.learning_rate",
+        ),
+        (
+            "orbitask.run_experiment.learning_rate = -1.0",
+            "Received: learning_rate=-1.0 of type float. Fix orbitask.run_experiment.learning_rate",
+        ),
+        (
+            "orbitask.Task.max_to_keep = 'five'",
+            "Expected a positive integer or None. Received: max_to_keep='five' of type str. Fix "
+            "orbitask.Task.max_to_keep",
+        ),
+    ],
+    ids=["learning_rate_str", "negative_learning_rate", "max_to_keep_str"],
+)
+def test_the_binary_refuses_a_bad_setting_in_one_line(tmp_path, capsys, binding, expected):
+    from orbitask.trainers import train
+
+    status = train.main(
+        [f"--gin_file={REPO}/experiments/digits.gin", f"--model_dir={tmp_path / 'run'}",
+         f"--gin_params={binding}"]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1 and err.startswith("orbitask: error: "), err
+    assert expected in err, err
+    assert not (tmp_path / "run").exists()
+
+
+class EmptyValidation(TinyTask):
+    """A validation input without a batch; `unknown` hides its size from TensorFlow."""
+
+    def __init__(self, unknown=False, **kwargs):
+        super().__init__(**kwargs)
+        self.unknown = unknown
+
+    def build_inputs(self, per_replica_batch_size, input_context=None, training=True):
+        if training:
+            return super().build_inputs(per_replica_batch_size, input_context, training)
+        ds = tf.data.Dataset.from_tensor_slices((self.x, self.y))
+        ds = ds.filter(lambda x, y: x[0] > 100) if self.unknown else ds.take(0)
+        return ds.batch(per_replica_batch_size)
+
+
+@pytest.mark.parametrize("unknown", [False, True], ids=["known_size", "unknown_size"])
+def test_an_empty_validation_input_is_one_line(tmp_path, unknown):
+    message = r"EmptyValidation.build_inputs\(training=False\) yields no batches"
+    with pytest.raises(ConfigError, match=message):
+        task = EmptyValidation(unknown=unknown)
+        _run(task, tmp_path, mode="train_and_eval", checkpoint_interval=1, loop_seconds=None)
+    # Known to be empty: refused before the first step; else at the first evaluation (step 3).
+    trained = tf.train.latest_checkpoint(str(tmp_path))
+    assert (trained is None) == (not unknown), trained

@@ -26,6 +26,7 @@ import tensorflow as tf
 from orbitask.tasks import eval_logs
 from orbitask.tasks.base import Task
 from orbitask.trainers.cluster import all_replica_values
+from orbitask.trainers.errors import ConfigError
 
 ALL_STEPS = 2**31 - 1  # a device loop's bound when evaluating to the end of the dataset
 GATHER_STEPS = 100  # steps per device loop whose logs a task's own aggregate_logs folds in
@@ -75,8 +76,8 @@ class TaskEvaluator(orbit.StandardEvaluator):
             return self.eval_end({})
         try:
             sums = first(iterator)
-        except (tf.errors.OutOfRangeError, StopIteration):  # an empty validation dataset
-            return self.eval_end({})
+        except (tf.errors.OutOfRangeError, StopIteration) as e:
+            raise empty_validation_error(self.task) from e
         sums, steps = loop(iterator, sums, tf.constant(limit - 1))
         state = {key: value.numpy() for key, value in sums.items()}
         state[eval_logs.VALUES] = int(steps.numpy() + 1) * self.strategy.num_replicas_in_sync
@@ -91,11 +92,15 @@ class TaskEvaluator(orbit.StandardEvaluator):
             self._eval_gather_fns = (tf.function(self.eval_step), tf.function(self._gather_loop))
         first, loop = self._eval_gather_fns
         remaining = ALL_STEPS if int(num_steps) < 0 else int(num_steps)
+        evaluated = False
         while remaining > 0:
             try:
                 outputs = first(iterator)
-            except (tf.errors.OutOfRangeError, StopIteration):
+            except (tf.errors.OutOfRangeError, StopIteration) as e:
+                if not evaluated:
+                    raise empty_validation_error(self.task) from e
                 break
+            evaluated = True
             leaves = [tf.convert_to_tensor(v) for v in tf.nest.flatten(outputs)]
             chunk = min(GATHER_STEPS, remaining)
             steps, gathered, shapes = loop(iterator, leaves, tf.constant(chunk - 1))
@@ -184,6 +189,16 @@ class TaskEvaluator(orbit.StandardEvaluator):
         for metric in self.eval_metrics:
             logs[metric.name] = to_python(metric.result())
         return logs
+
+
+def empty_validation_error(task: Any) -> ConfigError:
+    """Returns the error for a validation input without a single batch, whose metrics would
+    read 0. Eager."""
+    return ConfigError(
+        f"{type(task).__name__}.build_inputs(training=False) yields no batches, so there is "
+        "nothing to evaluate; give the validation input at least one batch (a batch with "
+        "drop_remainder=True needs global_batch_size / replicas examples), or use --mode=train."
+    )
 
 
 def _array(dtype) -> tf.TensorArray:

@@ -1,5 +1,6 @@
 """`run_experiment`'s settings, grouped (loop, checkpoints, evaluation, distribution, features),
-and their checks before any work: one line naming the setting and the fix."""
+and their checks before any work: one line naming the setting and the fix (the type and range
+of each are `tasks.setting_rules.RULES`)."""
 
 from __future__ import annotations
 
@@ -8,34 +9,12 @@ from typing import Any
 
 import gin
 
-from orbitask.tasks import Task
+from orbitask.tasks import Task, setting_rules
 from orbitask.tasks.model_garden import GUIDE, ModelGardenTask
 from orbitask.trainers import profiling
 from orbitask.trainers.errors import ConfigError
 
 MODES = ("train", "eval", "train_and_eval", "continuous_eval")
-
-
-def check_positive(name: str, value: Any, allow_none: bool = False) -> None:
-    """Raises ValueError unless `value` is a positive int (or None when allowed)."""
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(
-            f"`{name}` must be a positive integer; received {value!r}. "
-            f"Set run_experiment.{name} in your experiment's .gin file or with --gin_params."
-        )
-
-
-def check_seconds(name: str, value: Any) -> None:
-    """Raises ValueError unless `value` is a positive number of seconds or None."""
-    if value is not None and (
-        isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0
-    ):
-        raise ConfigError(
-            f"`{name}` must be a positive number or None; received {value!r}. "
-            f"Set run_experiment.{name} in your .gin file."
-        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,8 +108,9 @@ class DistributionSettings:
     Attributes:
       strategy: a name ("auto", "one_device", "mirrored", "multi_worker_mirrored",
         "parameter_server") or a `tf.distribute.Strategy`.
-      cpu_devices: split the CPU into this many logical devices first (so `mirrored` has that
-        many replicas without GPUs); must be set before TensorFlow has started.
+      cpu_devices: split the CPU into this many logical devices first; without GPUs, strategy
+        `auto` (or `mirrored`) then has that many replicas. Must be set before TensorFlow has
+        started.
     """
 
     strategy: Any = "auto"
@@ -217,6 +197,16 @@ _FLAT = {
 }
 
 
+def flat(settings: Settings) -> dict[str, Any]:
+    """Returns `run_experiment`'s arguments (all but task, model_dir, mode) from `settings`,
+    the inverse of `Settings.from_flat`. Eager."""
+    values = {}
+    for field, (_, names) in _FLAT.items():
+        group = getattr(settings, field)
+        values.update({name: getattr(group, short) for name, short in names.items()})
+    return values
+
+
 def check(task: Any, model_dir: Any, mode: str, settings: Settings) -> None:
     """Checks the settings that need no TensorFlow objects. Eager; returns None.
 
@@ -238,38 +228,9 @@ def check(task: Any, model_dir: Any, mode: str, settings: Settings) -> None:
         raise ConfigError(
             f"`mode` must be one of {', '.join(MODES)}; received {mode!r}. Use --mode."
         )
-    for name in (
-        "train_steps",
-        "global_batch_size",
-        "steps_per_loop",
-        "gradient_accumulation_steps",
-    ):
-        check_positive(name, getattr(loop, name))
-    check_positive("keep_input_positions", settings.checkpoints.input_positions)
-    optional = {
-        "eval_interval": settings.evaluation.interval,
-        "eval_steps": settings.evaluation.steps,
-        "checkpoint_interval": settings.checkpoints.interval,
-        "cpu_devices": settings.distribution.cpu_devices,
-        "histogram_interval": features.histogram_interval,
-    }
-    for name, value in optional.items():
-        check_positive(name, value, allow_none=True)
-    check_seconds("checkpoint_seconds", settings.checkpoints.seconds)
-    if not isinstance(settings.checkpoints.asynchronous, bool):
-        raise ConfigError(
-            "`async_checkpoints` must be True or False; received "
-            f"{settings.checkpoints.asynchronous!r}. Set run_experiment.async_checkpoints in "
-            "your .gin file."
-        )
+    setting_rules.check("run_experiment", flat(settings))
     if features.profile_steps is not None:
         profiling.check(features.profile_steps)
-    check_seconds("loop_seconds", loop.loop_seconds)
-    if not isinstance(features.export_at_end, bool):
-        raise ConfigError(
-            f"`export_at_end` must be True or False; received {features.export_at_end!r}. "
-            "Set run_experiment.export_at_end in your .gin file."
-        )
     if features.mixed_precision not in (None, "mixed_float16", "mixed_bfloat16"):
         raise ConfigError(
             "`mixed_precision` must be None, 'mixed_float16' or 'mixed_bfloat16'; received "

@@ -3,7 +3,9 @@
     orbitask --gin_file=experiments/digits.gin --model_dir=/tmp/digits [--mode=train_and_eval]
     python -m orbitask.trainers.train ...   # the same binary
 
-A user mistake (bad flag, gin typo, bad setting) prints one line on stderr and exits with 2.
+A user mistake (bad flag, gin typo, bad setting) prints one line on stderr and exits with 2. An
+exception raised in the user's own code (a module a gin `import` line loads, the task's
+`__init__`, builders, stages, steps, callbacks) propagates with its traceback (exit 1).
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ def parse_gin(gin_files: list[str], gin_params: list[str], untrusted: str | None
     # an include such as 'configs/defaults.gin' that is not under the working directory goes to
     # gin's Python-path reader, which crashes on a namespace package (a folder without
     # __init__.py, e.g. configs/ when the repository is on PYTHONPATH).
-    from orbitask.trainers import compat
+    from orbitask.trainers import compat, user_code
     from orbitask.trainers.errors import ConfigError
 
     root = config_root()
@@ -95,7 +97,7 @@ def parse_gin(gin_files: list[str], gin_params: list[str], untrusted: str | None
     try:
         with compat.quiet_gin_path_probes():
             gin.parse_config_files_and_bindings(gin_files, gin_params, finalize_config=False)
-    except ImportError as e:
+    except ImportError as e:  # named in a .gin file or by the user's module: not installed
         raise ConfigError(
             f"bad gin config: {_one_line(e)}. A module in a gin `import` line must be importable: "
             "put it next to the .gin file or in the working directory, or pip install it."
@@ -106,6 +108,11 @@ def parse_gin(gin_files: list[str], gin_params: list[str], untrusted: str | None
             ".gin file."
         ) from e
     except (ValueError, KeyError, TypeError, SyntaxError, OSError) as e:
+        module_syntax = isinstance(e, SyntaxError) and str(e.filename).endswith(".py")
+        if module_syntax or (
+            user_code.passed_through_users_code(e) and not isinstance(e, ConfigError)
+        ):
+            raise  # the user's module, run by a gin `import` line, raised it
         raise ConfigError(f"bad gin config: {_one_line(e)}") from e
     finally:
         sys.path[:] = kept
@@ -124,6 +131,7 @@ def build_task():
     """
     import gin
 
+    from orbitask.trainers import user_code
     from orbitask.trainers.errors import ConfigError
 
     try:
@@ -135,6 +143,8 @@ def build_task():
         while hasattr(task, "scoped_configurable_fn"):  # a macro naming a reference
             task = task.scoped_configurable_fn()
     except (ValueError, TypeError, RuntimeError) as e:
+        if user_code.passed_through_users_code(e) and not isinstance(e, ConfigError):
+            raise  # the task's own __init__ raised it
         undefined = re.search(r"configurable 'macro' .* in scope '([^']+)'", _one_line(e))
         if undefined:  # `%NAME` used but never bound
             name = undefined.group(1)
@@ -182,6 +192,7 @@ def main(argv: list[str]) -> int:
 
     import gin
 
+    from orbitask.tasks.errors import MissingBuilder
     from orbitask.trainers.errors import (
         ConfigError,
         NonFiniteLossError,
@@ -202,11 +213,12 @@ def main(argv: list[str]) -> int:
     except NonFiniteLossError as e:
         _fail(str(e))
         return EXIT_NONFINITE
-    except NotImplementedError as e:  # e.g. TASK = @orbitask.Task(): a builder is missing
+    except MissingBuilder as e:  # e.g. TASK = @orbitask.Task(): a builder is missing
         first = (str(e).strip().splitlines() or ["a builder is not implemented."])[0]
         return _fail(f"{first} Fix TASK in your experiment's .gin file or the Task class.")
     except Preempted as e:
-        print(f"orbitask: preempted: {e}", file=sys.stderr)
+        first = str(e).strip().splitlines()[0]  # without gin's "In call to configurable" line
+        print(f"orbitask: preempted: {first}", file=sys.stderr)
         return EXIT_PREEMPTED
     except RuntimeError as e:
         # gin raises RuntimeError for a required parameter that no file binds.

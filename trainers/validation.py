@@ -16,7 +16,7 @@ import tensorflow as tf
 from orbitask.tasks import keras_compat
 from orbitask.tasks.base import Task
 from orbitask.tasks.errors import one_line
-from orbitask.trainers import inputs
+from orbitask.trainers import evaluation, inputs, user_code
 from orbitask.trainers.errors import ConfigError
 from orbitask.trainers.input_position import IteratorInput
 
@@ -124,7 +124,14 @@ def _check_forward(task: Any, element_spec: Any, objects: tuple, batch_size: int
         outputs = model(task.input_pre(batch, lr), training=False)
         strategy = tf.distribute.get_strategy()
         loss = strategy.experimental_local_results(strategy.run(replica_loss, args=(outputs,)))[0]
-    except Exception as e:  # noqa: BLE001 -- any failure here is a data/model mismatch
+    except Exception as e:  # noqa: BLE001 -- one raised inside TF/Keras is a data/model mismatch
+        if user_code.raised_by_users_code(e):  # the user's bug, e.g. a NameError in loss_pre
+            e.add_note(
+                f"orbitask: raised by the check before the first step, which runs a batch of "
+                f"zeros shaped like {name}.{where}'s through input_pre, the model, loss_pre and "
+                "the loss, eagerly."
+            )
+            raise
         raise ConfigError(
             f"a batch from {name}.{where} ({_describe(element_spec)}) does not fit the model and "
             f"loss: {type(e).__name__}: {one_line(e, 400)}"
@@ -270,18 +277,24 @@ def trainable_variables(task: Any, model: Any) -> list:
 
 
 def check_finite_eval(task: Any, dataset: Any, eval_steps: int | None) -> None:
-    """Refuses an evaluation that would never end. Eager, before the first step; returns None.
+    """Refuses an evaluation that would never end or has nothing to evaluate. Eager, before the
+    first step; returns None.
 
     With `eval_steps` None the whole validation `dataset` (plain or distributed) is evaluated, so
     it must be finite.
 
     Raises:
-      ConfigError: when `build_inputs(training=False)` repeats forever and `eval_steps` is None.
+      ConfigError: when `build_inputs(training=False)` repeats forever and `eval_steps` is None,
+        or yields no batches (a validation input that is empty only when read is refused at the
+        first evaluation, `evaluation.empty_validation_error`).
     """
     cardinality = getattr(dataset, "cardinality", None)
-    if eval_steps is not None or cardinality is None:
+    if cardinality is None:
         return
-    if int(cardinality() if callable(cardinality) else cardinality) == tf.data.INFINITE_CARDINALITY:
+    batches = int(cardinality() if callable(cardinality) else cardinality)
+    if batches == 0:  # a count TensorFlow cannot tell (e.g. after `filter`) waits for evaluation
+        raise evaluation.empty_validation_error(task)
+    if eval_steps is None and batches == tf.data.INFINITE_CARDINALITY:
         raise ConfigError(
             f"{type(task).__name__}.build_inputs(training=False) repeats forever and eval_steps "
             "is None, so evaluation would never end; return a finite validation dataset (a "

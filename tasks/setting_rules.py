@@ -1,0 +1,103 @@
+"""The type and range rule of every framework setting, keyed by its gin binding, and their check.
+
+`RULES` is the one table for the settings `configs/defaults.gin` binds (`run_experiment`'s and
+`Task`'s). A value that breaks its rule is one `ConfigError` line, raised before any work:
+
+    Expected a positive integer. Received: steps_per_loop=0 of type int. Fix
+    orbitask.run_experiment.steps_per_loop in your experiment's .gin file or with --gin_params.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from orbitask.tasks.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """What a setting accepts: `expected` names it in the message, `accepts` decides."""
+
+    expected: str
+    accepts: Callable[[Any], bool]
+
+    def or_none(self) -> Rule:
+        """Returns this rule that also accepts None."""
+        return Rule(f"{self.expected} or None", lambda v: v is None or self.accepts(v))
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _number(value: Any) -> bool:
+    return (
+        isinstance(value, numbers.Real)
+        and not isinstance(value, bool)
+        and math.isfinite(float(value))
+    )
+
+
+POSITIVE_INT = Rule("a positive integer", lambda v: _integer(v) and v > 0)
+NON_NEGATIVE_INT = Rule("a non-negative integer", lambda v: _integer(v) and v >= 0)
+POSITIVE_NUMBER = Rule("a positive finite number", lambda v: _number(v) and v > 0)
+BOOL = Rule("True or False", lambda v: isinstance(v, bool))
+LEARNING_RATE = Rule(
+    "a positive finite number, a `step -> rate` schedule such as "
+    "@orbitask.learning_rate_schedule(), or None",
+    lambda v: v is None or callable(v) or POSITIVE_NUMBER.accepts(v),
+)
+
+# gin binding (without the `orbitask.` prefix) -> rule.
+RULES: Mapping[str, Rule] = {
+    "run_experiment.train_steps": POSITIVE_INT,
+    "run_experiment.global_batch_size": POSITIVE_INT,
+    "run_experiment.learning_rate": LEARNING_RATE,
+    "run_experiment.steps_per_loop": POSITIVE_INT,
+    "run_experiment.loop_seconds": POSITIVE_NUMBER.or_none(),
+    "run_experiment.eval_interval": POSITIVE_INT.or_none(),
+    "run_experiment.eval_steps": POSITIVE_INT.or_none(),
+    "run_experiment.checkpoint_interval": POSITIVE_INT.or_none(),
+    "run_experiment.checkpoint_seconds": POSITIVE_NUMBER.or_none(),
+    "run_experiment.keep_input_positions": POSITIVE_INT,
+    "run_experiment.async_checkpoints": BOOL,
+    "run_experiment.use_tf_while_loop": BOOL,
+    "run_experiment.jit_compile": BOOL,
+    "run_experiment.progress": BOOL,
+    "run_experiment.continuous_eval_timeout": POSITIVE_NUMBER.or_none(),
+    "run_experiment.seed": NON_NEGATIVE_INT.or_none(),
+    "run_experiment.cpu_devices": POSITIVE_INT.or_none(),
+    "run_experiment.gradient_accumulation_steps": POSITIVE_INT,
+    "run_experiment.histogram_interval": POSITIVE_INT.or_none(),
+    "run_experiment.export_at_end": BOOL,
+    "Task.clip_norm": POSITIVE_NUMBER.or_none(),
+    "Task.optimizer_epsilon": POSITIVE_NUMBER,
+    "Task.max_to_keep": POSITIVE_INT.or_none(),
+    "Task.train_prefetch": POSITIVE_INT.or_none(),
+    "Task.train_prefetch_bytes": POSITIVE_INT.or_none(),
+}
+
+
+def check(owner: str, values: Mapping[str, Any]) -> None:
+    """Checks `values` (setting name -> value) of `owner` ("run_experiment" or "Task") against
+    `RULES`, in table order. Eager; returns None.
+
+    Raises:
+      ConfigError: for the first value its rule refuses, naming the gin binding to fix.
+    """
+    prefix = f"{owner}."
+    for binding, rule in RULES.items():
+        name = binding[len(prefix) :]
+        if not binding.startswith(prefix) or name not in values:
+            continue
+        value = values[name]
+        if not rule.accepts(value):
+            raise ConfigError(
+                f"Expected {rule.expected}. Received: {name}={value!r} of type "
+                f"{type(value).__name__}. Fix orbitask.{binding} in your experiment's .gin "
+                "file or with --gin_params."
+            )
