@@ -104,7 +104,9 @@ def test_truncated_data_of_the_final_checkpoint_is_retrained_and_replaced(
     _assert_same(_weights_at(tmp_path / "ckpt-20"), reference[20])
 
 
-def test_truncated_input_position_restarts_the_input(tmp_path, capsys):
+def test_truncated_input_position_resumes_exactly_from_the_previous_checkpoint(
+    tmp_path, capsys, reference
+):
     _run(tmp_path, 20)
     _truncate(next((tmp_path / "input" / "ckpt-20").glob("worker-0-of-1.data-*")))
     before = _files(tmp_path)
@@ -112,11 +114,27 @@ def test_truncated_input_position_restarts_the_input(tmp_path, capsys):
 
     _run(tmp_path, 25)
     out = capsys.readouterr().out
+    warning = [x for x in out.splitlines() if "input position" in x and "unreadable" in x]
+    assert len(warning) == 1 and "ckpt-20" in warning[0], out[-3000:]
+    assert "restarts from its beginning" not in out
+    assert _resumed_step(out) == 15
+    _kept(before, _files(tmp_path), changed=[p for p in before if "ckpt-20" in p])
+    _assert_same(_weights_at(tmp_path / "ckpt-25"), reference[25])
+
+
+def test_truncated_input_position_of_the_only_checkpoint_restarts_the_input(tmp_path, capsys):
+    _run(tmp_path, 5)
+    _truncate(next((tmp_path / "input" / "ckpt-5").glob("worker-0-of-1.data-*")))
+    before = _files(tmp_path)
+    capsys.readouterr()
+
+    _run(tmp_path, 10)
+    out = capsys.readouterr().out
     line = [x for x in out.splitlines() if "training input restarts" in x]
-    assert len(line) == 1 and "unreadable" in line[0] and "step 20" in line[0], out[-3000:]
-    assert _resumed_step(out) == 20
+    assert len(line) == 1 and "unreadable" in line[0] and "step 5" in line[0], out[-3000:]
+    assert _resumed_step(out) == 5
     _kept(before, _files(tmp_path))
-    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-25")
+    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-10")
 
 
 STATE_DAMAGE = {

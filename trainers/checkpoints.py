@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import errno
 import os
 import re
 import time
@@ -33,13 +32,9 @@ from tensorflow.python.checkpoint import graph_view as _graph_view
 from tensorflow.python.util import object_identity
 
 from orbitask.tasks.errors import one_line
-from orbitask.trainers import compat
+from orbitask.trainers import compat, input_position
 from orbitask.trainers.errors import ConfigError, NoSpaceError
-
-
-def is_no_space(error: BaseException) -> bool:
-    """Whether `error` says the device is full (ENOSPC, from TensorFlow or Python)."""
-    return getattr(error, "errno", None) == errno.ENOSPC or "No space left on device" in str(error)
+from orbitask.trainers.full_disk import is_no_space, write_text
 
 
 def remove_partial_save(prefix: str, keep: list[str]) -> None:
@@ -241,9 +236,13 @@ def adopt_found_checkpoints(manager: tf.train.CheckpointManager) -> None:
 def restore_newest_readable(
     checkpoint: tf.train.Checkpoint, manager: tf.train.CheckpointManager
 ) -> str | None:
-    """Restores the newest checkpoint that reads back in full; returns its path (None: none).
+    """Restores the newest checkpoint that reads back in full, its input position included;
+    returns its path (None: none).
 
-    An unreadable checkpoint is reported with a warning naming its files and is left in place.
+    An unreadable checkpoint, or one whose saved input position is there but unreadable, is
+    reported with a warning naming its files and is left in place. When only checkpoints with
+    unreadable input positions remain, the newest is restored and its input restarts from its
+    beginning (saying so).
 
     Raises:
       ConfigError: when checkpoints exist but none is readable, or when a readable one does not
@@ -253,23 +252,30 @@ def restore_newest_readable(
     latest = manager.latest_checkpoint  # also one a plain `tf.train.Checkpoint.save` wrote
     if latest and latest not in paths:
         paths.insert(0, latest)
-    skipped = []
+    position = getattr(checkpoint, "input_position", None)
+    strict = getattr(position, "strict_reads", contextlib.nullcontext)
+    position_only = []
     for path in paths:
         reason = unreadable_reason(path)
-        if reason:
-            _warn(
-                f"checkpoint {path} (files {os.path.basename(path)}.index / .data-*) is "
-                f"unreadable: {reason}. Trying the previous one; the file is left in place "
-                "until its step is saved again."
-            )
-            skipped.append(path)
-            continue
+        if reason is None:
+            try:
+                with strict():
+                    restore(checkpoint, path)
+            except input_position.UnreadablePosition as e:
+                reason = f"its input position {e}"
+                position_only.append(path)
+            else:
+                _go_on_from(manager, path, paths)
+                return path
+        _warn(
+            f"checkpoint {path} (files {os.path.basename(path)}.index / .data-*) is "
+            f"unreadable: {reason}. Trying the previous one; the file is left in place "
+            "until its step is saved again."
+        )
+    if position_only:  # the newest whose model and optimizer read back; the input restarts
+        path = position_only[0]
         restore(checkpoint, path)
-        if skipped:  # the next saves go on from here, and replace a corrupt one at its step
-            kept = manager._maybe_delete  # noqa: SLF001
-            for bad in skipped:
-                kept.pop(bad, None)
-            manager._latest_checkpoint = path  # noqa: SLF001
+        _go_on_from(manager, path, paths)
         return path
     if paths:
         raise ConfigError(
@@ -277,6 +283,19 @@ def restore_newest_readable(
             "move that directory away (or use a new --model_dir) to start afresh."
         )
     return None
+
+
+def _go_on_from(manager: tf.train.CheckpointManager, path: str, paths: list[str]) -> None:
+    """After restoring `path`: the newer checkpoints of `paths` (newest first) leave the
+    manager's keeping and `path` becomes its latest, so the next saves go on from here and
+    replace a corrupt one at its step."""
+    newer = paths[: paths.index(path)]
+    if not newer:
+        return
+    kept = manager._maybe_delete  # noqa: SLF001
+    for bad in newer:
+        kept.pop(bad, None)
+    manager._latest_checkpoint = path  # noqa: SLF001
 
 
 # The checkpoint's children that every restore must bind in full; any other child is run state.
@@ -412,9 +431,12 @@ def build(
 
 
 def write_operative_config(model_dir: str) -> None:
-    """Writes gin's operative config (what this run actually used) into `model_dir`. Eager;
-    returns None."""
+    """Writes gin's operative config (what this run actually used) into `model_dir`, whole or
+    not at all. Eager; returns None.
+
+    Raises:
+      NoSpaceError: when the device is full.
+    """
     text = gin.operative_config_str()
     if text.strip():
-        with tf.io.gfile.GFile(os.path.join(model_dir, "operative_config.gin"), "w") as f:
-            f.write(text)
+        write_text(os.path.join(model_dir, "operative_config.gin"), text)

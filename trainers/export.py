@@ -11,7 +11,8 @@ modules a gin `import` line names come from installed packages or the working di
 it is inside the model directory), as in training. The SavedModel's layout and signature are
 `trainers.saved_model`'s: one `serving_default` signature over the model's inputs, loadable with
 `tf.saved_model.load` and no orbitask; a dict of models gives one SavedModel per model. A mistake
-(no checkpoint, no gin config, no best or EMA weights) is one line on stderr, exit 2.
+(no checkpoint, no gin config, no best or EMA weights) is one line on stderr, exit 2; a full
+disk is one line, exit 4, and leaves no part of the export.
 """
 
 from __future__ import annotations
@@ -212,7 +213,7 @@ def main(argv: list[str]) -> int:
     import gin
 
     from orbitask.trainers import train
-    from orbitask.trainers.errors import ConfigError
+    from orbitask.trainers.errors import ConfigError, NoSpaceError
 
     try:
         path = checkpoint_to_export(FLAGS.model_dir, FLAGS.best)
@@ -220,6 +221,9 @@ def main(argv: list[str]) -> int:
         train.parse_gin(files, FLAGS.gin_params, untrusted=FLAGS.model_dir)
         task = train.build_task()
         written = export(task, FLAGS.model_dir, path, ema=FLAGS.ema)
+    except NoSpaceError as e:
+        _fail(e)
+        return train.EXIT_NO_SPACE
     except ConfigError as e:
         return _fail(e)
     except NotImplementedError as e:  # e.g. a Task without build_model

@@ -22,6 +22,7 @@ saved value is a small JSON record; what it points to depends on the input:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -46,6 +47,11 @@ def _say(message: str) -> None:
     print(f"orbitask: {message}", flush=True)
 
 
+class UnreadablePosition(Exception):
+    """A restore under `TrainInput.strict_reads` found a saved input position that is there
+    but does not read back (e.g. a truncated file); the message names it."""
+
+
 class TrainInput(compat.FrozenAtAsyncSave):
     """The run's training iterator and its saved position (see the module docstring).
 
@@ -63,6 +69,18 @@ class TrainInput(compat.FrozenAtAsyncSave):
         self.examples_per_step = examples_per_step
         self.on_new_iterator: Callable[[Any], None] | None = None
         self._base = (0, 0)  # (step, examples taken at that step)
+        self._strict = False
+
+    @contextlib.contextmanager
+    def strict_reads(self):
+        """Within: a restore whose saved position is there but unreadable raises
+        `UnreadablePosition` instead of restarting the input (the caller tries an older
+        checkpoint)."""
+        self._strict = True
+        try:
+            yield
+        finally:
+            self._strict = False
 
     @property
     def element_spec(self) -> Any:
@@ -167,6 +185,10 @@ class IteratorInput(TrainInput):
                         tf.io.gfile.rmtree(partial)
                     else:
                         tf.io.gfile.remove(partial)
+                try:  # the step's folder, unless another worker's position is in it
+                    os.rmdir(os.path.dirname(path))
+                except OSError:
+                    pass
                 raise
             seconds = time.perf_counter() - start
             size = _bytes(path)
@@ -213,6 +235,8 @@ class IteratorInput(TrainInput):
                 return
             except (tf.errors.OpError, ValueError, AssertionError, IndexError) as e:
                 reason = f"{path} is unreadable ({type(e).__name__})"
+                if self._strict:
+                    raise UnreadablePosition(reason) from e
         self.replace(self.rebuild())
         _say(
             f"the training input restarts from its beginning at step {step}: {reason} "

@@ -31,7 +31,8 @@ from typing import Any
 import tensorflow as tf
 
 from orbitask.trainers import inputs
-from orbitask.trainers.errors import ConfigError
+from orbitask.trainers.errors import ConfigError, NoSpaceError
+from orbitask.trainers.full_disk import is_no_space
 
 _NAME = re.compile(r"[^A-Za-z0-9_]")
 
@@ -55,11 +56,13 @@ def write(task: Any, model: Any, export_root: str, step: int, per_replica_batch_
     Raises:
       ConfigError: for a model whose inputs cannot be found (a model of a dict without `Input`
         layers) or a dict key that is not a folder name.
+      NoSpaceError: when the device is full (nothing of this export is left).
     """
     final = os.path.join(export_root, str(int(step)))
     temporary = os.path.join(export_root, f"temp-{int(step)}-{uuid.uuid4().hex[:8]}")
-    tf.io.gfile.makedirs(export_root)
+    made_root = not tf.io.gfile.isdir(export_root)
     try:
+        tf.io.gfile.makedirs(export_root)
         if isinstance(model, dict):
             for name, one in model.items():
                 if not isinstance(name, str) or _NAME.search(name):
@@ -76,10 +79,24 @@ def write(task: Any, model: Any, export_root: str, step: int, per_replica_batch_
         if tf.io.gfile.exists(final):
             tf.io.gfile.rmtree(final)
         tf.io.gfile.rename(temporary, final)
+    except (tf.errors.OpError, OSError) as e:
+        if not is_no_space(e):
+            raise
+        _remove(temporary)
+        if made_root and tf.io.gfile.isdir(export_root) and not tf.io.gfile.listdir(export_root):
+            tf.io.gfile.rmtree(export_root)
+        raise NoSpaceError(
+            f"no space left on the device to write the SavedModel {final}; the half-written "
+            "export was removed. Free space, then rerun the same command."
+        ) from None
     finally:
-        if tf.io.gfile.exists(temporary):
-            tf.io.gfile.rmtree(temporary)
+        _remove(temporary)
     return final
+
+
+def _remove(folder: str) -> None:
+    if tf.io.gfile.exists(folder):
+        tf.io.gfile.rmtree(folder)
 
 
 def build_weights(task: Any, model: Any, per_replica_batch_size: int) -> None:
