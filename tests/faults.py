@@ -28,11 +28,8 @@ def command(model_dir, replicas=1, steps=600, extra=()):
         "orbitask.run_experiment.progress=False",
         "orbitask.DigitsClassification.hidden_units=(32,)",
     ]
-    if replicas > 1:
-        params += [
-            "orbitask.run_experiment.strategy='mirrored'",
-            f"orbitask.run_experiment.cpu_devices={replicas}",
-        ]
+    if replicas > 1:  # strategy 'auto' (the default) mirrors over the logical CPUs
+        params += [f"orbitask.run_experiment.cpu_devices={replicas}"]
     cmd = [
         sys.executable,
         "-m",

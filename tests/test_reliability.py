@@ -1,6 +1,7 @@
 """Nothing lost, nothing silent: kill -9 and SIGTERM resume exactly; determinism; corruption."""
 
 import random
+import re
 import shutil
 import signal
 import sys
@@ -75,7 +76,11 @@ def test_a_seed_turns_on_op_determinism(tmp_path):
 
 @pytest.mark.parametrize("async_checkpoints", [False, True], ids=["sync", "async"])
 def test_sigterm_saves_exits_75_and_resumes_exactly(tmp_path, async_checkpoints):
-    extra = [f"orbitask.run_experiment.async_checkpoints={async_checkpoints}"]
+    # No interval saves: the only checkpoint before the end is SIGTERM's.
+    extra = [
+        f"orbitask.run_experiment.async_checkpoints={async_checkpoints}",
+        "orbitask.run_experiment.checkpoint_interval=1000",
+    ]
     reference = tmp_path / "uninterrupted"
     assert faults.run(faults.command(reference, 1, STEPS, extra)).returncode == 0
 
@@ -83,12 +88,16 @@ def test_sigterm_saves_exits_75_and_resumes_exactly(tmp_path, async_checkpoints)
     cmd = faults.command(model_dir, 1, STEPS, extra)
     proc, output = faults.kill_after_line(cmd, random.Random(3), sig=signal.SIGTERM)
     assert proc.returncode == 75, output[-2000:]
-    assert "SIGTERM received: saved checkpoint" in output
-    step = int(tf.train.latest_checkpoint(str(model_dir)).rsplit("-", 1)[1])
-    assert 0 < step < STEPS and step % 10 == 0  # saved at a loop boundary, not only at 20s
+    # Each device loop (10 steps) prints its last step's loss: the last one is where it stopped.
+    stopped = int(re.findall(r"^step (\d+): loss", output, re.MULTILINE)[-1])
+    assert 0 < stopped < STEPS
+    saved = f"{model_dir}/ckpt-{stopped}"
+    assert f"SIGTERM received: saved checkpoint {saved} at step {stopped};" in output
+    assert tf.train.latest_checkpoint(str(model_dir)) == saved
 
     resumed = faults.run(cmd)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"resumed from {saved} (step {stopped})" in resumed.stdout
     faults.assert_identical(faults.final_state(reference), faults.final_state(model_dir))
 
 

@@ -22,10 +22,14 @@ against it). Its additions:
   than the newest evaluation point at or before its step evaluates first, at that step. A
   negative record means none (a fresh run, or a checkpoint written by `--mode=train`): the
   schedule starts at the restored step.
+- `evaluate_continuously(..., waiting=)` holds `waiting()` while it waits for each new
+  checkpoint; `save_now()` saves the state at the current step unless the newest checkpoint
+  holds it (a preempted run's last save).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 
@@ -128,6 +132,48 @@ class Controller(orbit.Controller):
                 self._save(self._step_now())  # the last evaluation's record
         self._sync_on_async_checkpointing()
         return output
+
+    def evaluate_continuously(
+        self,
+        steps: int = -1,
+        timeout: float | None = None,
+        timeout_fn: Callable[[], bool] | None = None,
+        waiting: Callable[[], contextlib.AbstractContextManager] | None = None,
+    ) -> dict | None:
+        """Evaluates each new checkpoint (Orbit's `evaluate_continuously`), holding `waiting()`
+        while waiting for the next one (`PreemptionWatcher.waiting`: a signal stops the wait
+        at once). Eager; returns the last evaluation's logs (None if none ran)."""
+        self._require("evaluator", for_method="evaluate_continuously")
+        self._require("checkpoint_manager", for_method="evaluate_continuously")
+        found = tf.train.checkpoints_iterator(
+            self.checkpoint_manager.directory, timeout=timeout, timeout_fn=timeout_fn
+        )
+        output = None
+        while True:
+            with (waiting or contextlib.nullcontext)():
+                path = next(found, None)
+            if path is None:
+                return output
+            self.restore_checkpoint(path)
+            output = self.evaluate(steps)
+
+    def save_now(self) -> str:
+        """Saves a checkpoint of the current step unless the newest one holds this state (its
+        step and, with `evaluated_step`, its evaluation record), and waits for the write.
+        Eager; returns the checkpoint's path.
+
+        Raises:
+          NoSpaceError: from the manager, when the device is full.
+        """
+        manager = self.checkpoint_manager
+        manager.sync()  # an async save of this step shows in `latest_checkpoint` once written
+        step = self._step_now()
+        latest = manager.latest_checkpoint
+        recorded = self._evaluated is None or self._recorded == int(self._evaluated.numpy())
+        if not (latest and latest.endswith(f"-{step}") and recorded):
+            self._save(step)
+            manager.sync()
+        return manager.latest_checkpoint
 
     def _mark_evaluated(self, output: dict) -> None:
         del output

@@ -1,38 +1,71 @@
-"""Preemption: on SIGTERM, save a checkpoint at the next device-loop boundary and exit cleanly.
+"""Preemption: on SIGTERM, stop at the next device-loop or evaluation boundary, then exit 75.
 
 Schedulers and spot machines send SIGTERM before killing a job. Python runs signal handlers only
-between device loops (the main thread is inside TensorFlow during one), so the save happens at
-most `steps_per_loop` steps after the signal (about a second where quick loops have grown,
-`loop_seconds`); the run then raises `Preempted`, which the binary turns into exit status 75
-("temporary failure: run the same command again to resume").
+between device loops (the main thread is inside TensorFlow during one), so a run stops at most one
+device loop after the signal: `steps_per_loop` train steps (about a second where quick loops have
+grown, `loop_seconds`), or the evaluation's loop of steps under way. A run that trains saves a
+checkpoint of that step first; the evaluation modes (`eval`, `continuous_eval`) write none, and
+`continuous_eval` waiting for a new checkpoint stops at once. The run then raises `Preempted`,
+which the binary turns into exit status 75 ("temporary failure: run the same command again to
+resume").
+
+From the first signal on, the process ignores further ones (`SIG_IGN`, which also holds while the
+interpreter shuts down): a scheduler's repeated SIGTERM must not turn exit 75 into 143.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
+from collections.abc import Callable, Iterator
 
 from absl import logging
 
 from orbitask.trainers.errors import Preempted
 
 
-class PreemptionWatcher:
-    """An Orbit train action that saves and stops after SIGTERM was received.
+class _SignalDuringWait(BaseException):
+    """Raised by the handler inside `PreemptionWatcher.waiting` (a BaseException, so that no
+    `except Exception` in the wait swallows it); `waiting` turns it into `Preempted`."""
 
-    Use as a context manager around the run, so the previous handler is restored afterwards.
+
+class PreemptionWatcher:
+    """An Orbit train and eval action that stops the run once SIGTERM was received. Eager.
+
+    Use as a context manager around the whole run: it installs the handler, and on leaving
+    restores the previous one, unless a signal came (the process is on its way to exit 75, and
+    further signals stay ignored).
+
+    Args:
+      current_step: returns the global step (after the last device loop).
+      save: saves the training state at the current step, unless the newest checkpoint holds
+        it, and returns that checkpoint's path; None where the run does not train.
+      signals: the signals that preempt the run.
     """
 
-    def __init__(self, manager, global_step, signals=(signal.SIGTERM,)):
-        self.manager = manager
-        self.global_step = global_step
-        self.signals = signals
-        self.received = None
-        self._previous = {}
+    def __init__(
+        self,
+        current_step: Callable[[], int],
+        save: Callable[[], str] | None = None,
+        signals: tuple = (signal.SIGTERM,),
+    ):
+        self.current_step = current_step
+        self.save = save
+        self.signals = tuple(signals)
+        self.received: int | None = None
+        self._previous: dict = {}
+        self._waiting = False
 
     def _handle(self, signum, frame):
         del frame
-        self.received = signum
+        for sig in self.signals:  # the run is stopping: a repeat changes nothing
+            signal.signal(sig, signal.SIG_IGN)
+        if self.received is None:
+            self.received = signum
+        if self._waiting:
+            self._waiting = False
+            raise _SignalDuringWait
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
@@ -41,23 +74,52 @@ class PreemptionWatcher:
         return self
 
     def __exit__(self, *exc):
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+        if self.received is None:
+            for sig, handler in self._previous.items():
+                signal.signal(sig, handler)
         self._previous = {}
         return False
 
-    def __call__(self, train_output) -> None:
-        del train_output
+    def __call__(self, output=None) -> None:
+        """After each device loop of training and each evaluation: once a signal was received,
+        saves (where the run trains) and raises `Preempted`; else returns None."""
+        del output
         if self.received is None:
             return
-        step = int(self.global_step.numpy())
-        self.manager.sync()  # an async save of this step shows in `latest_checkpoint` once written
-        latest = self.manager.latest_checkpoint
-        if not (latest and latest.endswith(f"-{step}")):
-            latest = self.manager.save(checkpoint_number=step, check_interval=False)
-        name = signal.Signals(self.received).name
-        logging.warning("%s received: saved %s at step %d; stopping.", name, latest, step)
-        raise Preempted(
-            f"{name} received: saved checkpoint {latest} at step {step}; run the same command "
-            "again to resume from it."
-        )
+        name, step = signal.Signals(self.received).name, self.current_step()
+        if self.save is None:
+            message = (
+                f"{name} received: stopped after the evaluation at step {step} (evaluation "
+                "writes no checkpoint); run the same command again to go on evaluating."
+            )
+        else:
+            path = self.save()
+            message = (
+                f"{name} received: saved checkpoint {path} at step {step}; run the same command "
+                "again to resume from it."
+            )
+        logging.warning("%s", message)
+        raise Preempted(message)
+
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[None]:
+        """While open (a wait for a new checkpoint, which holds no state), a signal stops the
+        run at once. Eager.
+
+        Raises:
+          Preempted: on a signal received before or while it is open.
+        """
+        try:
+            try:
+                self._waiting = True
+                if self.received is not None:
+                    raise _SignalDuringWait
+                yield
+            finally:  # a signal before this line still raises inside the outer `try`
+                self._waiting = False
+        except _SignalDuringWait:
+            name = signal.Signals(self.received).name
+            raise Preempted(
+                f"{name} received while waiting for a checkpoint newer than step "
+                f"{self.current_step()}; run the same command again to go on evaluating."
+            ) from None

@@ -13,12 +13,15 @@ from typing import Any
 
 import orbit
 import tensorflow as tf
+from absl import logging
 
 from orbitask.tasks import CallbackContext, keras_compat, model_garden
+from orbitask.tasks.errors import one_line
 from orbitask.trainers import (
     checkpoints,
     cluster,
     compat,
+    full_disk,
     inputs,
     model_dir_lock,
     numeric_defaults,
@@ -74,13 +77,22 @@ class ExperimentRunner:
         self.results: dict = {"train": {}, "eval": {}}
         self.trainer: TaskTrainer | None = None
         self.model_dir_lock = model_dir_lock.ModelDirLock(model_dir)  # one run per directory
+        # SIGTERM: a training run saves, then every mode exits 75 (installed for the whole run).
+        save = self._save_for_preemption if self.training else None
+        self.preemption = PreemptionWatcher(self._step_now, save=save)
 
     def run(self) -> dict:
         """Builds everything, then runs the mode. Eager; returns `{"train", "eval"}` logs."""
         if cluster.is_server_task(self.settings.distribution.strategy):
             return cluster.serve()  # a parameter-server job's worker or ps task only serves
-        with compat.orbit_messages_to_absl(), self.model_dir_lock:
-            self.build()
+        with compat.orbit_messages_to_absl(), self.model_dir_lock, self.preemption:
+            try:
+                self.build()
+            except (tf.errors.OpError, OSError) as e:  # a full disk before training started
+                if not full_disk.is_unhandled(e):
+                    raise
+                kept = "training had not started"
+                raise full_disk.no_space_error(e, self.model_dir, kept) from None
             return self._run()
 
     def _run(self) -> dict:
@@ -90,7 +102,8 @@ class ExperimentRunner:
             if warm_start is not None:
                 warm_start.apply(self.model)
         attached = self.progress.attached() if self.progress else contextlib.nullcontext()
-        with self.preemption, attached:
+        failed = False
+        with attached:
             try:
                 result = self._run_mode()
             except EarlyStop as stop:
@@ -100,16 +113,62 @@ class ExperimentRunner:
                 self.results["early_stop"] = str(stop)
                 self._export_at_end()
                 return self.results
-            except BaseException:  # SIGTERM (exit 75) and errors: the async write ends first
+            except BaseException as e:  # SIGTERM (exit 75) and errors: the async write ends first
+                failed = True
+                if full_disk.is_unhandled(e):  # e.g. summaries: the steps taken are saved first
+                    raise self._save_for_full_disk(e) from None
                 self.manager.sync_after_error()
                 raise
             finally:  # also on SIGTERM (exit 75) and errors: the kept train scalars
                 if self.profiler:
                     self.profiler.close()
-                self.train_summaries.write_pending()
-                self.train_summaries.flush()
+                self._write_train_summaries(failed)
             self.manager.sync()  # raises NoSpaceError if the last async write found a full disk
             return result
+
+    def _save_for_full_disk(self, error: BaseException) -> Exception:
+        """Saves a checkpoint of the current step after `error`, a full disk outside a
+        checkpoint save (unless the newest checkpoint is of that step); returns the run's
+        one-line error.
+
+        A checkpoint save is collective under `multi_worker_mirrored`: there the run stops
+        without one (the other workers may be in a step).
+
+        Raises:
+          NoSpaceError: when the checkpoint's device is full too (its half-written files
+            removed, the previous checkpoint intact).
+        """
+        multi_worker = isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy)
+        if not self.training or multi_worker:
+            self.manager.sync_after_error()
+            kept = f"the checkpoints are as they were (newest: {self.manager.latest_checkpoint})"
+            return full_disk.no_space_error(error, self.model_dir, kept)
+        step = int(self.global_step.numpy())
+        saved = self.manager.latest_checkpoint
+        if not (saved and saved.endswith(f"-{step}")):
+            saved = self.manager.save(checkpoint_number=step, check_interval=False)
+        self.manager.sync()
+        kept = f"the steps taken are saved in checkpoint {saved}"
+        return full_disk.no_space_error(error, self.model_dir, kept)
+
+    def _write_train_summaries(self, failed: bool) -> None:
+        """Writes the kept train scalars; after an error (`failed`), a failure to write them
+        is logged rather than raised over that error (quietly for a full disk, which the
+        run's error names).
+
+        Raises:
+          NoSpaceError: when the device is full (`_save_for_full_disk`), unless `failed`.
+        """
+        try:
+            self.train_summaries.write_pending()
+            self.train_summaries.flush()
+        except (tf.errors.OpError, OSError) as e:
+            if not failed:
+                if full_disk.is_unhandled(e):
+                    raise self._save_for_full_disk(e) from None
+                raise
+            log = logging.info if full_disk.is_no_space(e) else logging.error
+            log("the train summaries could not be written: %s", one_line(e, 300))
 
     def build(self) -> None:
         """Builds every object of the run, in this order. Eager; returns None."""
@@ -132,7 +191,6 @@ class ExperimentRunner:
         self.trainer = self._build_trainer()
         if self.chief:
             checkpoints.write_operative_config(self.model_dir)
-        self.preemption = PreemptionWatcher(self.manager, self.global_step)
         self.controller = self._build_controller()
 
     def _build_strategy(self):
@@ -140,10 +198,13 @@ class ExperimentRunner:
         loop, distribution = self.settings.loop, self.settings.distribution
         if loop.seed is not None:
             make_deterministic(loop.seed)
+        name = distribution.strategy
         if distribution.cpu_devices:
             wanted = distribution.cpu_devices
             settings.check_cpu_devices(wanted, len(logical_cpus(wanted)))
-        strategy = build_strategy(distribution.strategy)
+            if name == "auto" and not tf.config.list_logical_devices("GPU"):
+                name = "mirrored"  # the replicas cpu_devices asks for
+        strategy = build_strategy(name)
         replicas = strategy.num_replicas_in_sync
         settings.check_replicas(replicas, loop.global_batch_size, loop.jit_compile)
         return strategy
@@ -332,6 +393,7 @@ class ExperimentRunner:
                     ema=self.settings.features.ema,
                 )
             )
+        actions.append(self.preemption)  # last: after the evaluation's record and best export
         return actions
 
     def _build_controller(self) -> Controller:
@@ -357,6 +419,11 @@ class ExperimentRunner:
             eval_summary_manager=self.eval_summaries,
             eval_summary_dir=os.path.join(self.model_dir, "eval"),  # else Orbit reuses train/
         )
+
+    def _save_for_preemption(self) -> str:
+        """Saves the training state at the current step for SIGTERM's exit 75, unless the
+        newest checkpoint holds it. Eager; returns the checkpoint's path."""
+        return self.controller.save_now()
 
     def _step_now(self) -> int:
         """The global step after the last device loop (no read of the variable once a loop ran)."""
@@ -416,6 +483,7 @@ class ExperimentRunner:
                     eval_steps,
                     timeout=evaluation.continuous_timeout or 30,
                     timeout_fn=lambda: int(self.global_step.numpy()) >= train_steps,
+                    waiting=self.preemption.waiting,  # SIGTERM ends a wait at once
                 )
         self._export_at_end()
         self._finish()

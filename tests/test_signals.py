@@ -1,0 +1,189 @@
+"""SIGTERM in every mode: the run stops after the device loop or evaluation under way and exits
+75 (a checkpoint of the stop step where it trains, none where it only evaluates); two more
+SIGTERMs during the save and the shutdown keep exit 75. The real binary, in a subprocess."""
+
+import os
+import random
+import re
+import shutil
+import signal
+import threading
+import time
+
+import gin
+import pytest
+import tensorflow as tf
+
+from orbitask.tasks.digits import DigitsClassification
+from tests import faults
+
+EVAL_STEPS = 6  # the digits validation set (360 examples) in batches of 64
+TIMEOUT = 120
+
+
+@gin.configurable("signals_test.SlowEvalDigits")
+class SlowEvalDigits(DigitsClassification):
+    """Digits whose evaluation steps each append a byte to `marker` (an evaluation is under
+    way, and how many steps ran); the run's first one then sleeps `first_step_seconds`, so that
+    a signal sent on seeing the marker arrives during that step."""
+
+    def __init__(self, marker: str = "", first_step_seconds: float = 0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.marker = marker
+        self.first_step_seconds = first_step_seconds
+
+    def validation_step(self, batch, model, metrics=None, *, loss_fn, lr):
+        if self.marker:
+            tf.py_function(self._evaluating, [], [])
+        return super().validation_step(batch, model, metrics, loss_fn=loss_fn, lr=lr)
+
+    def _evaluating(self):
+        with open(self.marker, "a") as f:
+            first = f.tell() == 0
+            f.write(".")
+        if first:
+            time.sleep(self.first_step_seconds)
+
+
+def command(model_dir, mode, steps=600, marker=None, sleep=0.0, interval=1000):
+    """`faults.command` in `mode` with `SlowEvalDigits` (`marker`, `first_step_seconds=sleep`),
+    checkpoints every `interval` steps (and SIGTERM's, and the last), evaluations at 20, 40..."""
+    task = [
+        "import tests.test_signals",
+        "TASK = @signals_test.SlowEvalDigits()",
+        f"signals_test.SlowEvalDigits.marker = '{marker or ''}'",
+        f"signals_test.SlowEvalDigits.first_step_seconds = {sleep}",
+        f"orbitask.run_experiment.checkpoint_interval = {interval}",
+        "orbitask.run_experiment.eval_interval = 20",
+    ]
+    cmd = faults.command(model_dir, 1, steps, task)
+    return [a for a in cmd if not a.startswith("--mode=")] + [f"--mode={mode}"]
+
+
+def preempt(cmd, ready, seed):
+    """Starts `cmd`, waits until `ready(output so far)`, sends SIGTERM, then two more, each
+    0.05-0.5 s after the one before. Returns `(exit status, output, signals sent while the
+    run was alive, seconds from the first signal to the exit)`."""
+    rng = random.Random(seed)
+    proc = faults.start(cmd)
+    lines = []
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + TIMEOUT
+    try:
+        while not ready("".join(lines)):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"not ready (exit {proc.poll()}):\n{''.join(lines)[-3000:]}")
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        first, sent = time.monotonic(), 1
+        for _ in range(2):
+            time.sleep(rng.uniform(0.05, 0.5))
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                sent += 1
+        proc.wait(timeout=TIMEOUT)
+        took = time.monotonic() - first
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    reader.join(timeout=30)
+    return proc.returncode, "".join(lines), sent, took
+
+
+def preempted_line(output: str) -> str:
+    lines = [x for x in output.splitlines() if x.startswith("orbitask: preempted:")]
+    assert len(lines) == 1, output[-3000:]
+    return lines[0]
+
+
+def exists(path) -> bool:
+    return os.path.exists(path)
+
+
+def checkpoints_in(model_dir) -> list[str]:
+    return sorted(p.name for p in model_dir.glob("ckpt-*"))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """An uninterrupted train_and_eval run to step 40 (one checkpoint, at 40)."""
+    model_dir = tmp_path_factory.mktemp("signals") / "trained"
+    done = faults.run(command(model_dir, "train_and_eval", steps=40), timeout=TIMEOUT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return model_dir
+
+
+def test_train_saves_at_the_stop_step_and_repeats_keep_75(tmp_path):
+    model_dir = tmp_path / "run"
+    cmd = command(model_dir, "train")
+    status, output, sent, _ = preempt(cmd, lambda out: "step 30: loss" in out, seed=1)
+    assert (status, sent) == (75, 3), output[-3000:]
+    losses = re.findall(r"^step (\d+): loss", output, re.MULTILINE)
+    stopped = int(losses[-1])  # each device loop (10 steps) prints its last step's loss
+    assert 30 <= stopped < 600
+    # The only checkpoint (no interval saves) is SIGTERM's, at the step the run stopped.
+    assert checkpoints_in(model_dir) == [f"ckpt-{stopped}.data-00000-of-00001",
+                                        f"ckpt-{stopped}.index"]  # fmt: skip
+    saved = f"saved checkpoint {model_dir}/ckpt-{stopped} at step {stopped};"
+    assert saved in preempted_line(output)
+
+
+@pytest.mark.parametrize("mode", ["eval", "continuous_eval"])
+def test_evaluating_stops_after_the_evaluation_without_a_checkpoint(tmp_path, trained, mode):
+    model_dir, marker = tmp_path / "run", tmp_path / "marker"
+    shutil.copytree(trained, model_dir)
+    before = checkpoints_in(model_dir), (model_dir / "checkpoint").read_text()
+    cmd = command(model_dir, mode, marker=marker, sleep=0.2)
+    status, output, sent, _ = preempt(cmd, lambda out: exists(marker), seed=2)
+    assert (status, sent) == (75, 3), output[-3000:]
+    assert "SIGTERM received: stopped after the evaluation at step 40" in preempted_line(output)
+    assert len(marker.read_text()) == EVAL_STEPS  # the evaluation's loop ran to its end
+    assert (checkpoints_in(model_dir), (model_dir / "checkpoint").read_text()) == before
+
+
+def test_continuous_eval_waiting_for_a_checkpoint_stops_at_once(tmp_path, trained):
+    model_dir, marker = tmp_path / "run", tmp_path / "marker"
+    shutil.copytree(trained, model_dir)
+    cmd = command(model_dir, "continuous_eval", marker=marker)
+
+    def waiting(output):  # the evaluation of step 40 started a while ago
+        return exists(marker) and time.time() - os.path.getmtime(marker) > 3
+
+    status, output, sent, took = preempt(cmd, waiting, seed=3)
+    assert (status, sent) == (75, 3), output[-3000:]
+    assert "SIGTERM received while waiting for a checkpoint newer than step 40" in (
+        preempted_line(output)
+    )
+    assert took < 20  # the wait for checkpoints (until step 600) would last forever
+    assert checkpoints_in(model_dir) == checkpoints_in(trained)
+
+
+def test_train_and_eval_saves_after_the_evaluation_and_resumes_exactly(tmp_path, trained):
+    model_dir, marker = tmp_path / "run", tmp_path / "marker"
+    # An interval save at 20 precedes the evaluation: SIGTERM's save must still record it.
+    cmd = command(model_dir, "train_and_eval", 40, marker, sleep=0.2, interval=20)
+    status, output, sent, _ = preempt(cmd, lambda out: exists(marker), seed=5)
+    assert (status, sent) == (75, 3), output[-3000:]
+    saved = f"{model_dir}/ckpt-20"
+    assert f"SIGTERM received: saved checkpoint {saved} at step 20" in preempted_line(output)
+    assert len(marker.read_text()) == EVAL_STEPS  # the evaluation at 20 ran to its end, alone
+    assert tf.train.latest_checkpoint(str(model_dir)) == saved
+    reader = tf.train.load_checkpoint(saved)
+    (key,) = [k for k in reader.get_variable_to_dtype_map() if k.startswith("evaluated_step/")]
+    assert reader.get_tensor(key) == 20  # the evaluation is recorded: not run again
+
+    resumed_marker = tmp_path / "resumed_marker"
+    resumed = faults.run(
+        command(model_dir, "train_and_eval", 40, resumed_marker, interval=20), TIMEOUT
+    )
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"resumed from {saved} (step 20)" in resumed.stdout
+    assert len(resumed_marker.read_text()) == EVAL_STEPS  # only the evaluation at 40
+    faults.assert_identical(faults.final_state(trained), faults.final_state(model_dir))
