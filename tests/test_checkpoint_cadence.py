@@ -32,7 +32,20 @@ def test_step_rule_saves_at_multiples_without_the_time_rule(tmp_path):
     assert _train(tmp_path, checkpoint_interval=3, checkpoint_seconds=None) == [3, 6]
 
 
+def test_a_task_max_to_keep_keeps_that_many_newest_checkpoints(tmp_path):
+    """Six saves with `Task.max_to_keep = 2`: the state file and the directory hold ckpt-5 and
+    ckpt-6 only, also after a resumed run saves more."""
+    settings = dict(mode="train", global_batch_size=8, steps_per_loop=1, progress=False)
+    settings.update(checkpoint_interval=1, checkpoint_seconds=None)
+    for steps in (6, 9):
+        run_experiment(TinyTask(max_to_keep=2), str(tmp_path), train_steps=steps, **settings)
+        kept = [steps - 1, steps]
+        assert _saved_steps(tmp_path) == kept
+        indexes = sorted(p.name for p in tmp_path.glob("ckpt-*.index"))
+        assert indexes == sorted(f"ckpt-{s}.index" for s in kept)
+
+
 @pytest.mark.parametrize("bad", [0, -5, "60", True])
 def test_bad_checkpoint_seconds_is_one_line(tmp_path, bad):
-    with pytest.raises(ConfigError, match=r"`checkpoint_seconds` must be a positive number"):
+    with pytest.raises(ConfigError, match=r"or None\. Received: checkpoint_seconds="):
         _train(tmp_path, checkpoint_seconds=bad)

@@ -226,3 +226,91 @@ def test_patience_counts_worse_validations_in_a_row_and_best_holds_the_best_weig
     for b, a in zip(best, at_6, strict=True):
         np.testing.assert_array_equal(b, a)
     assert not all(np.array_equal(b, c) for b, c in zip(best, at_10, strict=True))
+
+
+def _control_state(path) -> tuple:
+    """(best value, worse validations in a row, learning rate) in a checkpoint."""
+    reader = tf.train.load_checkpoint(str(path))
+    names = ("validation_control/best_value", "validation_control/worse_validations", "lr")
+    return tuple(reader.get_tensor(f"{n}/.ATTRIBUTES/VARIABLE_VALUE").item() for n in names)
+
+
+def test_validation_state_is_saved_after_each_evaluation_and_resumed(tmp_path):
+    """Scores 3, 4, 1, 2, 5 at steps 2, 4, ..., 10 (patience 2). The checkpoint saved after each
+    evaluation holds that evaluation's best value, worse count and learning rate. A run stopped
+    at step 8 (one worse validation in a row, best 1.0, rate halved twice) and resumed stops
+    at step 10 as an uninterrupted run does: only the restored state makes 5.0 the second
+    worse validation in a row."""
+    scores = [3.0, 4.0, 1.0, 2.0, 5.0, 0.5, 0.4]
+
+    def run(model_dir, steps, task):
+        return run_experiment(
+            task,
+            str(model_dir),
+            mode="train_and_eval",
+            train_steps=steps,
+            global_batch_size=8,
+            learning_rate=0.05,
+            eval_interval=2,
+            checkpoint_interval=None,
+            progress=False,
+            validation_control=ValidationControl(metric="score", early_stop_patience=2),
+        )
+
+    run(tmp_path / "split", 8, Scripted(scores[:4]))
+    expected = {2: (3.0, 0, 0.05), 4: (3.0, 1, 0.025), 6: (1.0, 0, 0.025), 8: (1.0, 1, 0.0125)}
+    for step, state in expected.items():
+        got = _control_state(tmp_path / "split" / f"ckpt-{step}")
+        assert got == pytest.approx(state, rel=1e-6), step
+    resumed = Scripted(scores[4:])
+    logs = run(tmp_path / "split", 20, resumed)
+    assert logs.get("early_stop", "").startswith("early stop at step 10:"), logs
+    got = _control_state(tmp_path / "split" / "ckpt-10")
+    assert got == pytest.approx((1.0, 2, 0.00625), rel=1e-6)
+    rates = [(step, logs_["learning_rate"]) for step, logs_ in resumed.rates.calls]
+    assert rates == [(9, pytest.approx(0.0125)), (10, pytest.approx(0.0125))]
+    assert json.loads((tmp_path / "split" / "best" / "info.json").read_text())["score"] == 1.0
+
+
+def test_a_scaled_schedule_stays_scaled_after_a_resume(tmp_path):
+    """An exponential schedule, scaled by `lr_multiplier` (0.25) after the worse validation at
+    step 4 (the factor is saved with the checkpoint): resumed at step 4, steps 5 and 6 train at
+    a quarter of the schedule."""
+    schedule = learning_rate_schedule("exponential", initial=0.1, decay_steps=4, decay_rate=0.5)
+
+    def run(steps, scores):
+        task = Scripted(scores)
+        run_experiment(
+            task,
+            str(tmp_path),
+            mode="train_and_eval",
+            train_steps=steps,
+            global_batch_size=8,
+            learning_rate=schedule,
+            eval_interval=2,
+            progress=False,
+            validation_control=ValidationControl(metric="score", lr_multiplier=0.25),
+        )
+        return {step: logs["learning_rate"] for step, logs in task.rates.calls}
+
+    rates = run(4, [3.0, 4.0])
+    assert rates == pytest.approx({s: float(schedule(s - 1)) for s in range(1, 5)}, rel=1e-6)
+    rates = run(6, [2.0])
+    assert rates == pytest.approx({s: 0.25 * float(schedule(s - 1)) for s in (5, 6)}, rel=1e-6)
+
+
+def test_without_halving_worse_validations_are_counted_and_the_rate_kept(tmp_path):
+    task = Scripted([3.0, 4.0, 5.0])
+    run_experiment(
+        task,
+        str(tmp_path),
+        mode="train_and_eval",
+        train_steps=6,
+        global_batch_size=8,
+        learning_rate=0.05,
+        eval_interval=2,
+        progress=False,
+        validation_control=ValidationControl(metric="score", halve_lr_on_worse=False),
+    )
+    assert [logs["learning_rate"] for _, logs in task.rates.calls] == pytest.approx([0.05] * 6)
+    assert _control_state(tmp_path / "ckpt-6") == pytest.approx((3.0, 2, 0.05))

@@ -2,8 +2,10 @@
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
-from orbitask.trainers import ConfigError, run_experiment
+from orbitask.trainers import ConfigError, NanGuard, run_experiment
+from orbitask.trainers.precision import DynamicLossScale
 from tests.helpers import (
     LinearTask,
     Recorder,
@@ -108,7 +110,8 @@ def test_float16_updates_equal_float32_updates(tmp_path, flavour):
 def test_an_overflowing_float16_step_changes_no_weight_and_halves_the_scale(tmp_path, flavour):
     """LinearTask (gradient exactly 1): step 3's loss is 10**4 times larger, so its float16
     gradient (times the 2**15 scale) overflows. That step is skipped (weights and the optimizer's
-    count unchanged) and the scale halves; the next step trains at the halved scale."""
+    count unchanged) and the scale halves; the next step trains at the halved scale. A NaN guard
+    of patience 1 does not count the overflow as a bad step (it would stop the run)."""
 
     class Linear(LinearTask):
         def every_steps(self):
@@ -118,7 +121,7 @@ def test_an_overflowing_float16_step_changes_no_weight_and_halves_the_scale(tmp_
     m[16:24] = 1e4  # the rows of step 3 (batch 8)
     task = Linear(np.ones((40, 1)), m, flavour=flavour)
     task.seen = StepRecorder()
-    run_experiment(
+    out = run_experiment(
         task,
         str(tmp_path),
         mode="train",
@@ -129,12 +132,75 @@ def test_an_overflowing_float16_step_changes_no_weight_and_halves_the_scale(tmp_
         checkpoint_interval=None,
         progress=False,
         mixed_precision="mixed_float16",
+        nan_guard=NanGuard(patience=1),
     )
+    assert out["train"]["nonfinite_steps"] == 0
     scales = [logs["loss_scale"] for logs in task.seen.column("logs")]
     assert scales == [2.0**15, 2.0**15, 2.0**14, 2.0**14]
     assert task.seen.column("iterations") == [1, 2, 2, 3]
     moved = [float(w[0].item()) for w in task.seen.column("weights")]
     assert moved == pytest.approx([-0.1, -0.2, -0.2, -0.3], rel=1e-6)
+
+
+def test_the_scale_doubles_after_growth_interval_finite_steps_and_restarts_its_count():
+    """Growth interval 3: the scale doubles on the 3rd finite step in a row, the count restarts
+    after a doubling and after an overflow (which halves the scale)."""
+    scale = DynamicLossScale(initial=8.0, growth_interval=3)
+    seen = []
+    for nonfinite in [0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 1, 0]:
+        scale.update(tf.constant(bool(nonfinite)))
+        seen.append((float(scale.scale.numpy()), int(scale.good_steps.numpy())))
+    assert seen == [
+        (8, 1), (8, 2), (16, 0), (16, 1), (16, 2), (8, 0),
+        (8, 1), (8, 2), (16, 0), (8, 0), (4, 0), (4, 1),
+    ]  # fmt: skip
+    floor = DynamicLossScale(initial=2.0, growth_interval=3)
+    for _ in range(3):
+        floor.update(tf.constant(True))
+    assert float(floor.scale.numpy()) == 1.0  # halving stops at 1
+
+
+def test_float16_scale_grows_after_2000_finite_steps_across_a_resume(tmp_path):
+    """LinearTask (gradient exactly 1), float16: 1999 finite steps, then a resume. The restored
+    count of finite steps makes step 2000 double the scale (2**15 -> 2**16); that scale
+    overflows float16, so step 2001 halves it again and skips its update."""
+
+    class Linear(LinearTask):
+        def every_steps(self):
+            return {1000: self.seen}
+
+    def train(steps):
+        task = Linear(np.ones((40, 1)))
+        task.seen = StepRecorder()
+        logs = run_experiment(
+            task,
+            str(tmp_path),
+            mode="train",
+            train_steps=steps,
+            global_batch_size=8,
+            learning_rate=1e-4,
+            steps_per_loop=1000,
+            checkpoint_interval=None,
+            progress=False,
+            mixed_precision="mixed_float16",
+        )
+        return task.seen.steps, logs["train"]
+
+    def state():
+        reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(tmp_path)))
+        names = ("scale", "good_steps")
+        return [
+            reader.get_tensor(f"loss_scale/{n}/.ATTRIBUTES/VARIABLE_VALUE").item() for n in names
+        ]
+
+    seen, last = train(1999)
+    assert seen[1000]["logs"]["loss_scale"] == last["loss_scale"] == 2.0**15
+    assert state() == [2.0**15, 1999]
+    seen, last = train(2001)
+    assert seen[2000]["logs"]["loss_scale"] == 2.0**16
+    assert seen[2000]["iterations"] == 2000
+    assert last["loss_scale"] == 2.0**15
+    assert state() == [2.0**15, 0]
 
 
 class BigLoss(Rec):

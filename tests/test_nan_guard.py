@@ -3,6 +3,8 @@
 Runs with oneDNN off (conftest): oneDNN's fused kernels turn NaN into 0 in graph mode on CPU.
 """
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -84,6 +86,24 @@ def test_rolls_back_once_then_stops_with_a_clear_error(tmp_path, capsys):
         assert np.all(np.isfinite(value))
 
 
+def test_only_consecutive_bad_steps_roll_back_to_the_latest_of_several_checkpoints(
+    tmp_path, capsys
+):
+    """Patience 2, bad steps 3, 5, 7, 9 (never two in a row), then 12 and 13. Only 12-13 trip
+    the guard: it rolls back to ckpt-10 (not ckpt-5), replays 11-13, which go bad again, and
+    stops."""
+    task = NanAt(bad_steps=[3, 5, 7, 9, 12, 13])
+    with pytest.raises(NonFiniteLossError, match="not finite for 2 consecutive steps"):
+        _run(task, tmp_path, NanGuard(patience=2, max_rollbacks=1), 20)
+    out = capsys.readouterr().out
+    assert out.count("rolled back to") == 1 and "ckpt-10" in out, out
+    steps = [s for s, _ in task.recorder.calls]
+    assert steps == [*range(1, 14), 11, 12, 13], steps
+    # The replay starts from step 10's weights and input position: step 11 gives the same loss.
+    first, replayed = [logs["loss"] for s, logs in task.recorder.calls if s == 11]
+    assert np.isfinite(first) and replayed == first
+
+
 def test_rollback_at_a_checkpoint_step_saves_no_checkpoint_under_that_number(tmp_path):
     """Steps 8, 9, 10 go bad: the guard rolls back to step 5 right where the interval (5) is
     due. The step after the rollback is 5 again, so no checkpoint "10" holding step 5's state
@@ -95,6 +115,29 @@ def test_rollback_at_a_checkpoint_step_saves_no_checkpoint_under_that_number(tmp
     assert steps == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 6, 7, 8, 9, 10], steps
     state = tf.train.get_checkpoint_state(str(tmp_path))
     assert [p.rsplit("-", 1)[1] for p in state.all_model_checkpoint_paths] == ["5"]
+
+
+def test_the_binary_exits_3_in_one_line_when_the_guard_stops(tmp_path, capsys):
+    """A learning rate of 1e38 sends the weights to Inf after one step: every later step is
+    bad, and with no checkpoint to roll back to the guard stops the run."""
+    from orbitask.trainers import train
+
+    repo = Path(__file__).resolve().parents[1]
+    params = [
+        "TRAIN_STEPS = 20",
+        "orbitask.run_experiment.learning_rate = 1e38",
+        "orbitask.run_experiment.nan_guard = @orbitask.NanGuard()",
+        "orbitask.run_experiment.mode = 'train'",
+        "orbitask.run_experiment.progress = False",
+    ]
+    status = train.main(
+        [f"--gin_file={repo}/experiments/digits.gin", f"--model_dir={tmp_path / 'run'}"]
+        + [f"--gin_params={p}" for p in params]
+    )
+    err = capsys.readouterr().err
+    assert status == 3, err
+    assert err.startswith("orbitask: error: ") and err.count("\n") == 1, err
+    assert "not finite for 3 consecutive steps" in err and "no checkpoint to roll back" in err
 
 
 def test_guard_settings_are_checked():

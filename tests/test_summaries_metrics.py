@@ -3,6 +3,7 @@
 import glob
 import os
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -48,10 +49,120 @@ def test_train_and_eval_summaries_have_the_expected_tags(tmp_path):
     for tag in ("loss", "grad_norm", "learning_rate", "steps_per_second", "accuracy"):
         assert tag in train, (tag, sorted(train))
     assert any(t.startswith("weights/") and "histograms" in k for t, k in train.items())
+    assert _histogram_steps(tmp_path / "train") == {3, 6}  # every `histogram_interval` steps
     evals = _tags(tmp_path / "eval")
     assert "images" in evals["samples"]
     assert "loss" in evals and "accuracy" in evals
     assert "class_0" in _tags(tmp_path / "eval" / "per_class")
+
+
+def _histogram_steps(directory) -> set:
+    """The steps of the weight histograms in the event files directly in `directory`."""
+    steps = set()
+    for path in glob.glob(os.path.join(directory, "events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            if any(value.tag.startswith("weights/") for value in event.summary.value):
+                steps.add(event.step)
+    return steps
+
+
+def _scalars(directory) -> dict:
+    """{tag: {step: value}} of the scalars in the event files directly in `directory`."""
+    out = {}
+    for path in glob.glob(os.path.join(directory, "events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                out.setdefault(value.tag, {})[event.step] = float(tf.make_ndarray(value.tensor))
+    return out
+
+
+class Xent(TinyTask):
+    """TinyTask without L2 and with a continuous metric (mean cross-entropy) besides accuracy,
+    recording every callback's logs (`calls`)."""
+
+    def __init__(self, callback_every=None):
+        super().__init__(l2=0.0)
+        self.callback_every = callback_every
+        self.calls = []
+
+    def build_metrics(self, training=True):
+        xent = keras.metrics.SparseCategoricalCrossentropy(from_logits=True, name="xent")
+        return [*super().build_metrics(training), xent]
+
+    def every_steps(self):
+        if self.callback_every is None:
+            return {}
+        return {self.callback_every: lambda task, ctx: self.calls.append((ctx.step, ctx.logs))}
+
+    def expected(self, model, x, y) -> dict:
+        """The eval logs of `model` on `(x, y)` computed directly."""
+        logits = model(x)
+        losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits).numpy()
+        accuracy = float(np.mean(np.argmax(logits, axis=1) == y))
+        return {"loss": losses.mean(), "xent": losses.mean(), "accuracy": accuracy}
+
+
+def test_train_metrics_cover_only_their_own_device_loop(tmp_path):
+    """Learning rate 1e-9 (the weights all but fixed), loops of 3 steps of 8 examples in order:
+    each loop's metrics are those of its own 24 examples, not of every example since the
+    start."""
+    task = Xent(callback_every=3)
+    run_experiment(
+        task,
+        str(tmp_path),
+        mode="train",
+        train_steps=9,
+        global_batch_size=8,
+        learning_rate=1e-9,
+        steps_per_loop=3,
+        loop_seconds=None,
+        progress=False,
+    )
+    assert [step for step, _ in task.calls] == [3, 6, 9]
+    model = Xent().build_model()
+    xents = []
+    for k, (_, logs) in enumerate(task.calls):
+        rows = slice(24 * k, 24 * (k + 1))
+        want = task.expected(model, task.x[rows], task.y[rows])
+        assert logs["accuracy"] == pytest.approx(want["accuracy"], abs=1e-6), k
+        assert logs["xent"] == pytest.approx(want["xent"], rel=1e-5), k
+        xents.append(want["xent"])
+    assert len(set(np.round(xents, 4))) == 3  # loops differ: an accumulated metric would show
+
+
+def test_each_of_several_evaluations_starts_afresh(tmp_path):
+    """Evaluations at steps 3, 6 and 9, 4 batches each: each one's logs are those of the weights
+    of its step on the first 32 validation examples (metrics reset, input read from its start)."""
+    task = Xent()
+    logs = run_experiment(
+        task,
+        str(tmp_path),
+        mode="train_and_eval",
+        train_steps=9,
+        global_batch_size=8,
+        learning_rate=0.5,
+        eval_interval=3,
+        eval_steps=4,
+        checkpoint_interval=3,
+        progress=False,
+    )
+    written = _scalars(tmp_path / "eval")
+    assert sorted(written["xent"]) == [3, 6, 9]
+    xents = []
+    for step in (3, 6, 9):
+        model = Xent().build_model()
+        tf.train.Checkpoint(train_model=model).restore(
+            str(tmp_path / f"ckpt-{step}")
+        ).expect_partial()
+        want = task.expected(model, task.x[:32], task.y[:32])
+        for name in ("loss", "xent", "accuracy"):
+            assert written[name][step] == pytest.approx(want[name], rel=1e-5, abs=1e-6), (
+                step,
+                name,
+            )
+        xents.append(want["xent"])
+    assert len(set(np.round(xents, 4))) == 3  # the weights moved between evaluations
+    assert logs["eval"]["xent"] == pytest.approx(written["xent"][9], rel=1e-6)
 
 
 class CountingDigits(DigitsClassification):

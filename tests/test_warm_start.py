@@ -32,14 +32,14 @@ def _tensors(model_dir):
 @pytest.mark.parametrize("flavour", ["keras", "tf_keras"])
 def test_warm_start_copies_weights_only(tmp_path, flavour, capsys):
     _train(tmp_path / "pre", 6, flavour=flavour)
-    # One step from the warm start: the weights start from the pretrained ones.
+    # One step of rate 1e-9 from the warm start: the weights are the pretrained ones.
     run_experiment(
         TinyTask(flavour=flavour),
         str(tmp_path / "new"),
         mode="train",
         train_steps=1,
         global_batch_size=8,
-        learning_rate=0.0,
+        learning_rate=1e-9,
         progress=False,
         warm_start=WarmStart(str(tmp_path / "pre")),
     )
@@ -51,7 +51,7 @@ def test_warm_start_copies_weights_only(tmp_path, flavour, capsys):
         checkpoint_weights(TinyTask(flavour=flavour), tmp_path / "new"),
         strict=True,
     ):
-        np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(b, a, rtol=0, atol=1e-6)
     assert new["step/.ATTRIBUTES/VARIABLE_VALUE"] == 1  # its own step, not the pretrained 6
     iterations = [n for n in new if n.startswith("optimizer/") and "iteration" in n]
     assert iterations and all(new[n] == 1 for n in iterations)
@@ -67,6 +67,20 @@ def test_warm_start_subset_and_report(tmp_path, capsys):
     assert len(report["restored"]) == 2 and len(report["skipped"]) == 2
     assert not np.array_equal(np.array(model.weights[0]), fresh[0])  # first layer copied
     np.testing.assert_array_equal(np.array(model.weights[2]), fresh[2])  # second left alone
+
+
+def test_warm_start_include_restores_only_the_named_layer(tmp_path):
+    _train(tmp_path / "pre", 4)
+    pretrained = checkpoint_weights(TinyTask(), tmp_path / "pre")
+    model = TinyTask().build_model()
+    fresh = [np.array(v) for v in model.weights]
+    first = model.layers[0].kernel.path.split("/")[-2] + "/"  # e.g. "dense_6/"
+    report = WarmStart(str(tmp_path / "pre"), include=(first,)).apply(model)
+    assert len(report["restored"]) == 2 and len(report["skipped"]) == 2, report
+    for got, want in zip(model.weights[:2], pretrained[:2], strict=True):
+        np.testing.assert_array_equal(np.array(got), want)  # the included layer: pretrained
+    for got, want in zip(model.weights[2:], fresh[2:], strict=True):
+        np.testing.assert_array_equal(np.array(got), want)  # the rest: as built
 
 
 def test_warm_start_reports_mismatch_and_refuses_nothing_matched(tmp_path):
