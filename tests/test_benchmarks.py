@@ -179,3 +179,12 @@ def test_checkpoint_stall_benchmark_prints_sync_and_async_stalls():
     for row in rows:
         assert all(float(cell) >= 0 for cell in row[1:])
     assert lines[-1] == "Command: `.venv/bin/python benchmarks/checkpoint_stall.py --quick`"
+
+
+def test_damage_table_benchmark_prints_a_row_per_case():
+    lines = _benchmark_lines("damage_table.py", "--cases", "garbled")
+    assert lines[0].startswith("case ") and "| work lost |" in lines[0]
+    (row,) = [line for line in lines if line.startswith("state file: garbled text")]
+    cells = [cell.strip() for cell in row.split("|")]
+    assert cells[1] == "0" and "does not parse" in cells[2]
+    assert cells[3:] == ["60", "0 steps", "0", "exact"]
