@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from orbitask.tasks import eval_logs
-from orbitask.trainers import run_experiment
+from orbitask.trainers import ConfigError, run_experiment
 from tests.helpers import TinyTask
 
 
@@ -67,14 +67,14 @@ def test_two_replicas_evaluate_like_one_device(tmp_path):
         np.testing.assert_allclose(two[key], one[key], rtol=1e-5)
 
 
-def test_an_empty_validation_set_gives_empty_logs(tmp_path):
+def test_an_empty_validation_set_is_one_line_not_zeros(tmp_path):
     class Empty(TinyTask):
         def build_inputs(self, per_replica_batch_size, input_context=None, training=True):
             ds = super().build_inputs(per_replica_batch_size, input_context, training)
             return ds if training else ds.take(0)
 
-    logs = _evaluate(Empty(), tmp_path, "one_device")
-    assert "loss" not in logs
+    with pytest.raises(ConfigError, match=r"build_inputs\(training=False\) yields no batches"):
+        _evaluate(Empty(), tmp_path, "one_device")
 
 
 class MeanLoss(Unsized):
