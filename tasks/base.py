@@ -41,6 +41,29 @@ def _batch_size(tree: Any) -> tf.Tensor:
     return tf.shape(tf.nest.flatten(tree)[0])[0]
 
 
+def _examples(batch: Any, full: int) -> Any:
+    """A replica's examples in `batch`: the Python int `full` when its leading dimension is
+    statically that, else a scalar tensor (a batch that may be partial). Traced."""
+    first = tf.nest.flatten(batch)[0]
+    static = getattr(first, "shape", None)
+    if static is not None and static.rank and static[0] == full:
+        return full
+    return tf.shape(first)[0]
+
+
+def _own_count(count: Any, micro_batches: int, context: Any) -> tuple[Any, Any]:
+    """`(this replica's count, the sum over replicas)` of a count that `grad_pre` returned."""
+    if micro_batches > 1:
+        raise ConfigError(
+            "grad_pre returned its own count, which gradient accumulation does not support: "
+            "return three values, or set orbitask.run_experiment.gradient_accumulation_steps = 1."
+        )
+    count = tf.stop_gradient(tf.cast(count, tf.float32))
+    if context.num_replicas_in_sync == 1:
+        return count, count
+    return count, context.all_reduce(tf.distribute.ReduceOp.SUM, count)
+
+
 def labels_of(batch: Any) -> Any:
     """Returns a batch's labels: `gt` of an `(inputs, gt)` pair, else the batch itself (Model
     Garden's rule in `base_task.Task.train_step`). Eager or traced."""
@@ -73,6 +96,12 @@ class Task:
     """
 
     loss = "loss"  # the loss's key in train and validation logs (Model Garden's `Task.loss`)
+
+    # How a term that a layer adds with `add_loss` in `call` (not an activity regulariser, not
+    # a weight regulariser) depends on the replica's batch, so N replicas count it as one device
+    # with the whole batch: "batch_sum" (a sum over the batch, as the Keras guides' layers add),
+    # "batch_mean" (a mean over the batch) or "once" (independent of the batch).
+    added_losses = "batch_sum"
 
     def __init__(
         self,
@@ -190,11 +219,15 @@ class Task:
     def grad_pre(self, loss, outputs, batch, model, loss_fn, lr):
         """Returns `(loss_per_batch, extra_loss, trainable_vars)` (seed default: model.losses).
 
-        Traced by tf.function, per replica, inside the gradient tape.
+        Traced by tf.function, per replica, inside the gradient tape. The default `extra_loss`
+        is a `tasks.keras_compat.ExtraLoss`: `model.losses` sorted by how they depend on the
+        batch (weight regularisers once, activity regularisers as means, other `add_loss`
+        terms as `added_losses` says), so that N replicas count them as one device does. A
+        plain tensor or number counts once per step. An override may return a fourth value:
+        the count this replica's loss is normalised by (tokens, frames; default its examples).
         """
         del outputs, batch, loss_fn, lr
-        extra = model.losses
-        extra_loss = tf.add_n([tf.cast(x, tf.float32) for x in extra]) if extra else 0.0
+        extra_loss = keras_compat.extra_losses(model, self.added_losses)
         return loss, extra_loss, model.trainable_variables
 
     def update_pre(self, gradients, loss, outputs, batch, model, loss_fn, lr, optimizer):
@@ -222,10 +255,13 @@ class Task:
     # Steps: per replica, inside `strategy.run`, under tf.function.
 
     # How the replicas' `train_step` logs combine into the step's logs, so that N replicas report
-    # what one device reports: "mean" when each replica's value is for its own batch (Keras and
-    # Model Garden steps, the default step), "sum" when each is already divided by the global
-    # batch (TensorFlow's custom-training tutorial: `tf.nn.compute_average_loss`).
-    replica_logs = "mean"
+    # what one device reports: "mean" when each replica's value is for its own batch (Model
+    # Garden steps, the default step), "sum" when each is already a share of the global batch's
+    # mean (TensorFlow's custom-training tutorial: `tf.nn.compute_average_loss`). None (the
+    # default): "mean" for the default step; for a task's own `train_step`, the logs computed
+    # from a Keras 3 loss object's result (which Keras divides by the replica count under
+    # tf.distribute) or from `tf.nn.compute_average_loss` are summed, the others averaged.
+    replica_logs = None
 
     def train_step(
         self,
@@ -287,10 +323,19 @@ class Task:
         with `check_finite=True` and applies the update only when every replica's loss and the
         all-reduced gradient are finite.
         """
-        replicas = tf.distribute.get_replica_context().num_replicas_in_sync
+        context = tf.distribute.get_replica_context()
+        replicas = context.num_replicas_in_sync
         parts = batch if micro_batches > 1 else (batch,)
+        per_part = global_batch_size // (replicas * micro_batches)
+        counts = [_examples(part, per_part) for part in parts]
+        if all(isinstance(c, int) for c in counts):
+            count = None  # full batches: the static global batch size
+        else:  # a partial batch: the examples the step really has, on every replica
+            count = tf.add_n([tf.cast(c, tf.float32) for c in counts])
+            if replicas > 1:
+                count = context.all_reduce(tf.distribute.ReduceOp.SUM, count)
         total, scaled_sum = None, None
-        for part in parts:  # unrolled: K is small, and each micro-batch is its own graph
+        for part, part_count in zip(parts, counts, strict=True):  # unrolled: K is small
             gradients, trainable_vars, aux = self.compute_gradients(
                 part,
                 model,
@@ -300,6 +345,8 @@ class Task:
                 global_batch_size=global_batch_size,
                 micro_batches=micro_batches,
                 loss_scale=loss_scale,
+                count=count,
+                part_count=part_count,
             )
             scaled = aux["scaled_loss"]
             scaled_sum = scaled if scaled_sum is None else scaled_sum + scaled
@@ -330,31 +377,57 @@ class Task:
         global_batch_size: int,
         micro_batches: int = 1,
         loss_scale: Any = None,
+        count: Any = None,
+        part_count: Any = None,
     ) -> tuple[list, list, dict[str, Any]]:
         """This replica's gradients of its share of the loss, before any all-reduce.
 
         Traced by tf.function, per replica.
 
-        The differentiated value is `loss_per_batch / global_batch_size + extra_loss /
-        (num_replicas * micro_batches)`, so summing over replicas and micro-batches gives the
-        gradient one device would compute on the whole global batch.
+        The differentiated value is `loss_per_batch / count` plus this replica's share of the
+        extra losses (`tasks.keras_compat.ExtraLoss`: batch-independent terms divided by
+        `num_replicas * micro_batches`, batch means weighted by `part_count / count`, batch sums
+        as they are; a plain `extra_loss` counts once), so summing over replicas and
+        micro-batches gives the gradient one device would compute on the whole global batch.
+        `count` is the examples of the whole step (all replicas and micro-batches; None: the
+        `global_batch_size` of full batches), `part_count` this batch's (None: a full one's).
+        A `grad_pre` that returns a fourth value, its own count, is normalised by the sum of
+        those over replicas instead.
 
         Returns `(gradients, trainable_vars, aux)`, aux holding `loss`, `outputs` and
         `scaled_loss`. Updates `metrics`.
         """
-        replicas = tf.distribute.get_replica_context().num_replicas_in_sync
+        context = tf.distribute.get_replica_context()
+        replicas = context.num_replicas_in_sync
+        once_share = float(replicas * micro_batches)
         with tf.GradientTape() as tape:
             inputs = self.input_pre(batch, lr)
             outputs = model(inputs, training=True)
             loss_input = self.loss_pre(outputs, batch, model, lr)
             loss = loss_fn(loss_input)
-            loss_per_batch, extra_loss, trainable_vars = self.grad_pre(
+            loss_per_batch, extra_loss, trainable_vars, *own = self.grad_pre(
                 loss, outputs, batch, model, loss_fn, lr
             )
+            if own:  # the stage's own count (tokens, frames)
+                part_count, count = _own_count(own[0], micro_batches, context)
+            divisor = float(global_batch_size) if count is None else count
+            if part_count is None:
+                share = 1.0 / once_share
+            else:
+                share = tf.cast(part_count, tf.float32) / divisor
             loss_per_batch = gradients_lib.batch_sum(loss_per_batch)  # per-example or summed
-            scaled = tf.cast(loss_per_batch, tf.float32) / float(global_batch_size)
-            if not gradients_lib.is_python_zero(extra_loss):  # no op for no regularisation
-                scaled += tf.cast(extra_loss, tf.float32) / float(replicas * micro_batches)
+            scaled = tf.cast(loss_per_batch, tf.float32) / divisor
+            if isinstance(extra_loss, keras_compat.ExtraLoss):
+                terms = (
+                    (extra_loss.once, 1.0 / once_share),
+                    (extra_loss.batch_mean, share),
+                    (extra_loss.batch_sum, 1.0),
+                )
+            else:
+                terms = ((extra_loss, 1.0 / once_share),)
+            for term, weight in terms:
+                if not gradients_lib.is_python_zero(term):  # no op for no regularisation
+                    scaled += tf.cast(term, tf.float32) * weight
             # mixed_float16: differentiate the scaled-up loss so float16 gradients don't underflow
             target = scaled if loss_scale is None else scaled * loss_scale
         gradients = tape.gradient(target, trainable_vars)

@@ -285,3 +285,135 @@ def layer_generator(obj: Any) -> tf.random.Generator | None:
         return None
     generator = getattr(obj, "_generator", None)
     return generator if isinstance(generator, tf.random.Generator) else None
+
+
+class ExtraLoss:
+    """A model's extra losses (`model.losses`) by how they depend on the batch. Traced.
+
+    `once`: terms that do not depend on the batch (weight regularisers), counted once per step.
+    `batch_mean`: means over the replica's batch (Keras' activity regularisers, which both
+    flavours divide by the batch size), weighted by the replica's share of the examples.
+    `batch_sum`: sums over the replica's batch (`add_loss(rate * sum(inputs))`, as in the Keras
+    guides), added up over replicas. Each is a float32 scalar or the Python number 0.
+
+    Adding a tensor or a number adds to `once`; as a tensor it is the sum of all three, the one
+    device's value of a step on one batch (the seed's `extra_loss`).
+    """
+
+    def __init__(self, once: Any = 0.0, batch_mean: Any = 0.0, batch_sum: Any = 0.0):
+        self.once = once
+        self.batch_mean = batch_mean
+        self.batch_sum = batch_sum
+
+    def total(self) -> Any:
+        """The sum of the three terms (a tensor, or 0.0 when all are the Python number 0)."""
+        return _add_terms([self.once, self.batch_mean, self.batch_sum])
+
+    def __add__(self, other: Any) -> ExtraLoss:
+        if isinstance(other, ExtraLoss):
+            return ExtraLoss(
+                _add_terms([self.once, other.once]),
+                _add_terms([self.batch_mean, other.batch_mean]),
+                _add_terms([self.batch_sum, other.batch_sum]),
+            )
+        return ExtraLoss(_add_terms([self.once, other]), self.batch_mean, self.batch_sum)
+
+    __radd__ = __add__
+
+
+tf.register_tensor_conversion_function(
+    ExtraLoss, lambda value, dtype=None, name=None, as_ref=False: tf.convert_to_tensor(
+        value.total(), dtype=dtype, name=name
+    )
+)
+
+# How a call-time `add_loss` term that is not an activity regulariser depends on the batch
+# (`Task.added_losses`).
+ADDED_LOSS_KINDS = ("batch_sum", "batch_mean", "once")
+
+
+def extra_losses(model: Any, added_losses: str = "batch_sum") -> ExtraLoss:
+    """Returns `model.losses` sorted by kind (`ExtraLoss`), after the model's call. Traced.
+
+    Weight regularisers are `once`, activity regularisers `batch_mean`, and other terms added in
+    `call` the kind `added_losses` names. A model of neither Keras flavour, or a dict of models:
+    every term of `model.losses` is `once`.
+    """
+    flavour = model_flavour(model) if not isinstance(model, dict) else None
+    if flavour is None:
+        losses = getattr(model, "losses", None) or []
+        return ExtraLoss(once=_add_terms(list(losses)))
+    terms = {"once": [], "batch_mean": [], "batch_sum": [], "added": []}
+    for layer in model._flatten_layers(include_self=True):
+        if flavour == KERAS3:
+            own = layer._get_own_losses()
+            activity = layer.activity_regularizer is not None
+        else:
+            own = list(layer._losses)
+            activity = getattr(layer, "_activity_regularizer", None) is not None
+        terms["batch_mean" if activity else "added"].extend(own)
+    if flavour == KERAS3:
+        terms["once"] = model._get_regularization_losses()
+    else:
+        terms["once"] = [fn() for layer in model._flatten_layers() for fn in layer._callable_losses]
+        terms["once"] = [t for t in terms["once"] if t is not None]
+    terms[added_losses].extend(terms.pop("added"))
+    return ExtraLoss(*(_add_terms(terms[k]) for k in ("once", "batch_mean", "batch_sum")))
+
+
+def _add_terms(terms: list) -> Any:
+    """The float32 sum of loss terms; the Python number 0.0 when there are none (no op)."""
+    tensors = []
+    for term in terms:
+        if isinstance(term, (int, float)) and not isinstance(term, bool):
+            if term == 0:
+                continue
+        tensors.append(tf.cast(tf.reduce_sum(term), tf.float32))
+    return tf.add_n(tensors) if tensors else 0.0
+
+
+@contextlib.contextmanager
+def recording_global_losses() -> Iterator[set]:
+    """While a step is traced, records the values that are already a share of the global batch's
+    mean: Keras 3 loss objects' results (which divide by the replica count under tf.distribute)
+    and `tf.nn.compute_average_loss`'s. Yields the set of their `ref()`s. Eager, around a trace;
+    a value that one of these produced is summed over replicas to give one device's number.
+    """
+    from keras.src.losses import loss as keras_loss
+
+    marked: set = set()
+    scale, average = keras_loss.scale_loss_for_distribution, tf.nn.compute_average_loss
+
+    def marking(fn):
+        def wrapper(*args, **kwargs):
+            value = fn(*args, **kwargs)
+            if tf.is_tensor(value):
+                marked.add(value.ref())
+            return value
+
+        return wrapper
+
+    keras_loss.scale_loss_for_distribution = marking(scale)
+    tf.nn.compute_average_loss = marking(average)
+    try:
+        yield marked
+    finally:
+        keras_loss.scale_loss_for_distribution = scale
+        tf.nn.compute_average_loss = average
+
+
+def derives_from(value: Any, marked: set) -> bool:
+    """Whether a traced tensor is, or is computed from, one of the `marked` tensors. Traced."""
+    if not marked or not tf.is_tensor(value) or not hasattr(value, "op"):
+        return False
+    seen, stack = set(), [value]
+    while stack:
+        tensor = stack.pop()
+        if tensor.ref() in marked:
+            return True
+        op = tensor.op
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        stack.extend(op.inputs)
+    return False

@@ -239,9 +239,9 @@ def check(task: Any, model_dir: Any, mode: str, settings: Settings) -> None:
     _check_default_step(task, features.mixed_precision == "mixed_float16", loop)
     if isinstance(task, ModelGardenTask):
         task.check_global_batch_size(loop.global_batch_size)
-    if getattr(task, "replica_logs", "mean") not in ("mean", "sum"):
+    if getattr(task, "replica_logs", None) not in (None, "mean", "sum"):
         raise ConfigError(
-            f"`{type(task).__name__}.replica_logs` must be 'mean' or 'sum'; received "
+            f"`{type(task).__name__}.replica_logs` must be None, 'mean' or 'sum'; received "
             f"{task.replica_logs!r}. Set it on your Task class (see Task.train_step)."
         )
     if not isinstance(model_dir, str) or not model_dir:

@@ -48,16 +48,34 @@ class ReplicaBatches:
     One element per local replica (local replica r gets the r-th); with gradient accumulation K,
     K rounds of that, and a replica gets the tuple of its K micro-batches. Multi-worker: each
     worker's iterator holds only its own replicas' batches (`trainers.inputs`). Traced.
+
+    Partial batches (a dataset batched without `drop_remainder`, whose batch dimension is
+    unknown): an element smaller than `per_replica_batch_size` ends the step's examples, as the
+    last, partial batch of an epoch ends one device's batch, and the elements after it are not
+    taken; the examples taken are then split evenly over the step's slots in their order. So
+    each step holds the examples one device's batch of the global size holds, the following
+    steps stay aligned with one device's, and the default step normalises by that real count.
     """
 
-    def __init__(self, strategy: tf.distribute.Strategy, accumulation: int):
+    def __init__(
+        self,
+        strategy: tf.distribute.Strategy,
+        accumulation: int,
+        per_replica_batch_size: int | None = None,
+    ):
         self.strategy = strategy
         self.accumulation = accumulation
         self.local = local_replicas(strategy)
+        self.per_replica = per_replica_batch_size
 
     def __call__(self, iterator):
         count, k = self.local, self.accumulation
-        rounds = [[next(iterator) for _ in range(count)] for _ in range(k)]
+        slots = count * k
+        if slots > 1 and self._may_be_partial(iterator):
+            flat = self._take_until_partial(iterator, slots)
+        else:
+            flat = [next(iterator) for _ in range(slots)]
+        rounds = [flat[i * count : (i + 1) * count] for i in range(k)]
         if count == 1:
             return rounds[0][0] if k == 1 else tuple(r[0] for r in rounds)
 
@@ -66,6 +84,45 @@ class ReplicaBatches:
             return rounds[0][replica] if k == 1 else tuple(r[replica] for r in rounds)
 
         return self.strategy.experimental_distribute_values_from_function(for_replica)
+
+    def _may_be_partial(self, iterator) -> bool:
+        """Whether the elements' leading dimension is unknown (dense tensors only). Traced."""
+        spec = getattr(iterator, "element_spec", None)
+        if self.per_replica is None or spec is None:
+            return False
+        leaves = tf.nest.flatten(spec)
+        if not leaves or not all(type(s) is tf.TensorSpec and s.shape.rank for s in leaves):
+            return False
+        return leaves[0].shape[0] is None
+
+    def _take_until_partial(self, iterator, slots: int) -> list:
+        """`slots` elements: taken while the ones before were full, then empty. Traced."""
+
+        def size(element):
+            return tf.shape(tf.nest.flatten(element)[0])[0]
+
+        first = next(iterator)
+        taken = [first]
+        full = size(first) >= self.per_replica
+        for _ in range(slots - 1):
+            element = tf.cond(
+                full,
+                lambda: next(iterator),
+                lambda: tf.nest.map_structure(lambda t: t[:0], first),
+            )
+            taken.append(element)
+            full = tf.logical_and(full, size(element) >= self.per_replica)
+
+        def split_evenly():
+            joined = tf.nest.map_structure(lambda *parts: tf.concat(parts, 0), *taken)
+            examples = size(joined)
+            bounds = [(i * examples) // slots for i in range(slots + 1)]
+            return [
+                tf.nest.map_structure(lambda t, i=i: t[bounds[i] : bounds[i + 1]], joined)
+                for i in range(slots)
+            ]
+
+        return tf.cond(full, lambda: list(taken), split_evenly)
 
 
 class ReplicaUpdate:
@@ -111,12 +168,16 @@ class ReplicaUpdate:
         return logs
 
 
-def task_train_step(objects: TaskObjects) -> Callable:
-    """The replica function running the task's own `train_step` (traced, replica context)."""
+def task_train_step(objects: TaskObjects, summed: set | None = None) -> Callable:
+    """The replica function running the task's `train_step` (traced, replica context).
+
+    `summed`: a set that receives the keys of the logs computed from a share of the global
+    batch's loss (`keras_compat.recording_global_losses`), or None.
+    """
 
     def replica_step(batch):
         o = objects
-        return o.task.train_step(
+        logs = o.task.train_step(
             batch,
             o.model,
             o.optimizer,
@@ -125,8 +186,31 @@ def task_train_step(objects: TaskObjects) -> Callable:
             lr=o.lr,
             global_batch_size=o.global_batch_size,
         )
+        if summed is not None and getattr(summed, "marked", None):
+            summed.update(k for k, v in logs.items() if keras_compat.derives_from(v, summed.marked))
+        return logs
 
     return replica_step
+
+
+class LogKeys(set):
+    """The keys of a step's logs that are summed over replicas; `marked` holds the tensors
+    `keras_compat.recording_global_losses` saw during the trace."""
+
+    marked: set | None = None
+
+
+def log_convention(task: Any) -> str | None:
+    """`Task.replica_logs` ("mean" or "sum"), or None: the task's own `train_step` with no
+    convention set, whose logs computed from Keras 3 loss objects or `tf.nn.compute_average_loss`
+    (already a share of the global mean) are summed and the rest averaged."""
+    convention = getattr(task, "replica_logs", None)
+    if convention is not None:
+        return convention
+    from orbitask.tasks.base import Task
+
+    own = getattr(type(task), "train_step", None)
+    return None if own is not None and own is not Task.train_step else "mean"
 
 
 class PlainBody:
@@ -213,20 +297,28 @@ class GuardedBody:
 
 class Finish:
     """Ends a step (traced, cross-replica): replica logs combined (`Task.replica_logs`: mean or
-    sum), EMA moved, step counted."""
+    sum; `summed` names the keys summed when it is not set), EMA moved, step counted."""
 
-    def __init__(self, strategy, global_step: tf.Variable, ema: Any = None, combine="mean"):
+    def __init__(
+        self,
+        strategy,
+        global_step: tf.Variable,
+        ema: Any = None,
+        combine: str | None = "mean",
+        summed: set | None = None,
+    ):
         self.strategy = strategy
         self.global_step = global_step
         self.ema = ema
-        self.combine = (
-            tf.distribute.ReduceOp.SUM if combine == "sum" else tf.distribute.ReduceOp.MEAN
-        )
+        self.combine = combine
+        self.summed = summed if summed is not None else set()
 
     def __call__(self, per_replica_logs: dict, extra: dict) -> dict:
-        logs = {
-            k: self.strategy.reduce(self.combine, v, axis=None) for k, v in per_replica_logs.items()
-        }
+        ops = tf.distribute.ReduceOp
+        logs = {}
+        for k, v in per_replica_logs.items():
+            total = self.combine == "sum" or (self.combine is None and k in self.summed)
+            logs[k] = self.strategy.reduce(ops.SUM if total else ops.MEAN, v, axis=None)
         logs.update(extra)
         if self.ema is not None:
             self.ema.update()
@@ -264,15 +356,18 @@ class TrainStep:
         strategy = objects.strategy
         self.objects = objects
         self.schedule = schedule
-        self.batches = ReplicaBatches(strategy, accumulation)
+        self.convention = log_convention(objects.task)
+        self.summed = LogKeys()
+        per_replica = objects.global_batch_size // strategy.num_replicas_in_sync
+        self.batches = ReplicaBatches(strategy, accumulation, per_replica)
         update = ReplicaUpdate(objects, accumulation, loss_scale, nan_guard is not None)
         if nan_guard is not None or loss_scale is not None:
             self.body = GuardedBody(strategy, update, nan_guard, loss_scale)
         elif accumulation > 1:
             self.body = PlainBody(strategy, update.compute_and_apply, jit_compile)
         else:
-            self.body = PlainBody(strategy, task_train_step(objects), jit_compile)
-        self.finish = Finish(strategy, objects.global_step, ema, objects.task.replica_logs)
+            self.body = PlainBody(strategy, task_train_step(objects, self.summed), jit_compile)
+        self.finish = Finish(strategy, objects.global_step, ema, self.convention, self.summed)
 
     def reset(self) -> None:
         """Eager, before a new loop function is traced."""
@@ -284,4 +379,11 @@ class TrainStep:
         batch = self.batches(iterator)
         if self.schedule is not None:
             self.schedule.step_update(self.objects.global_step, self.objects.optimizer)
-        return self.finish(*self.body(batch))
+        if self.convention is not None:
+            return self.finish(*self.body(batch))
+        self.summed.clear()
+        with keras_compat.recording_global_losses() as marked:
+            self.summed.marked = marked
+            body = self.body(batch)
+        self.summed.marked = None
+        return self.finish(*body)
