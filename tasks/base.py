@@ -405,6 +405,10 @@ class Task:
             outputs = model(inputs, training=True)
             loss_input = self.loss_pre(outputs, batch, model, lr)
             loss = loss_fn(loss_input)
+            if keras_compat.is_global_share(loss):  # a Keras 3 mean: the replica's mean / replicas
+                full = global_batch_size // (replicas * micro_batches)
+                examples = full if part_count is None else part_count
+                loss = loss * tf.cast(replicas * examples, loss.dtype)
             loss_per_batch, extra_loss, trainable_vars, *own = self.grad_pre(
                 loss, outputs, batch, model, loss_fn, lr
             )
@@ -447,6 +451,9 @@ class Task:
         inputs = self.input_pre(batch, lr)
         outputs = model(inputs, training=False)
         loss = loss_fn(self.loss_pre(outputs, batch, model, lr))
+        if keras_compat.is_global_share(loss):  # a Keras 3 mean: the replica's mean / replicas
+            replicas = tf.distribute.get_replica_context().num_replicas_in_sync
+            loss = loss * tf.cast(replicas * _batch_size(inputs), loss.dtype)
         self.process_metrics(metrics, labels_of(batch), outputs)
         return {
             self.loss: tf.cast(gradients_lib.batch_sum(loss), tf.float32),

@@ -320,6 +320,9 @@ class ExtraLoss:
 
     __radd__ = __add__
 
+    def __float__(self) -> float:
+        return float(self.total())
+
 
 tf.register_tensor_conversion_function(
     ExtraLoss, lambda value, dtype=None, name=None, as_ref=False: tf.convert_to_tensor(
@@ -368,17 +371,26 @@ def _add_terms(terms: list) -> Any:
         if isinstance(term, (int, float)) and not isinstance(term, bool):
             if term == 0:
                 continue
-        tensors.append(tf.cast(tf.reduce_sum(term), tf.float32))
+        term = tf.cast(term, tf.float32)
+        tensors.append(term if term.shape.rank == 0 else tf.reduce_sum(term))
     return tf.add_n(tensors) if tensors else 0.0
+
+
+_RECORDING: list = []  # the set of marked values of the recording in effect (at most one)
 
 
 @contextlib.contextmanager
 def recording_global_losses() -> Iterator[set]:
-    """While a step is traced, records the values that are already a share of the global batch's
-    mean: Keras 3 loss objects' results (which divide by the replica count under tf.distribute)
-    and `tf.nn.compute_average_loss`'s. Yields the set of their `ref()`s. Eager, around a trace;
-    a value that one of these produced is summed over replicas to give one device's number.
+    """While steps are traced, records the values that are already a share of the global batch's
+    mean: Keras 3 loss objects' mean results (which divide by the replica count under
+    tf.distribute) and `tf.nn.compute_average_loss`'s. Yields the set of their `ref()`s. Eager,
+    around a run or a trace (nested: the outer recording's set). A log computed from such a
+    value is summed over replicas to give one device's number (`trainers.steps.Finish`), and the
+    default steps turn such a loss back into its replica's share (`is_global_share`).
     """
+    if _RECORDING:
+        yield _RECORDING[0]
+        return
     from keras.src.losses import loss as keras_loss
 
     marked: set = set()
@@ -387,7 +399,7 @@ def recording_global_losses() -> Iterator[set]:
     def marking(fn):
         def wrapper(*args, **kwargs):
             value = fn(*args, **kwargs)
-            if tf.is_tensor(value):
+            if tf.is_tensor(value) and not tf.executing_eagerly():
                 marked.add(value.ref())
             return value
 
@@ -395,11 +407,20 @@ def recording_global_losses() -> Iterator[set]:
 
     keras_loss.scale_loss_for_distribution = marking(scale)
     tf.nn.compute_average_loss = marking(average)
+    _RECORDING.append(marked)
     try:
         yield marked
     finally:
         keras_loss.scale_loss_for_distribution = scale
         tf.nn.compute_average_loss = average
+        _RECORDING.clear()
+
+
+def is_global_share(value: Any) -> bool:
+    """Whether a traced loss comes from a Keras 3 loss object's mean or `compute_average_loss`
+    (recorded by `recording_global_losses`), i.e. is its replica's mean divided by the replica
+    count. Traced."""
+    return bool(_RECORDING) and derives_from(value, _RECORDING[0])
 
 
 def derives_from(value: Any, marked: set) -> bool:

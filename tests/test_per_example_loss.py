@@ -1,5 +1,6 @@
-"""A loss may return per-example losses (shape [batch], `reduction="none"`) or their sum: both
-train the same weights, on 1 device and on 2 replicas, and report the same evaluation loss."""
+"""A loss may return per-example losses (shape [batch], `reduction="none"`), their sum, or a Keras 3
+loss object's mean (which Keras divides by the replica count under tf.distribute): all train the
+same weights, on 1 device and on 2 replicas, and report the same train and evaluation loss."""
 
 import keras
 import numpy as np
@@ -21,10 +22,16 @@ class PerExample(Summed):
         return lambda pair: loss(pair[1], pair[0])
 
 
+class KerasMean(Summed):
+    def build_losses(self):
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        return lambda pair: loss(pair[1], pair[0])
+
+
 @pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
 def test_per_example_and_summed_losses_train_the_same(tmp_path, strategy):
     results = {}
-    for cls in (Summed, PerExample):
+    for cls in (Summed, PerExample, KerasMean):
         task = cls(shuffle=True)
         logs = run_experiment(
             task, str(tmp_path / cls.__name__), mode="train_and_eval", train_steps=6,
@@ -32,11 +39,11 @@ def test_per_example_and_summed_losses_train_the_same(tmp_path, strategy):
             progress=False,
         )  # fmt: skip
         results[cls] = ([w.numpy() for w in task.model.weights], logs)
-    (summed, summed_logs), (per_example, per_example_logs) = results[Summed], results[PerExample]
-    for a, b in zip(summed, per_example, strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    assert per_example_logs["train"]["loss"] == pytest.approx(
-        summed_logs["train"]["loss"], rel=1e-5
-    )
-    assert per_example_logs["eval"]["loss"] == pytest.approx(summed_logs["eval"]["loss"], rel=1e-5)
-    assert np.ndim(per_example_logs["eval"]["loss"]) == 0
+    summed, summed_logs = results[Summed]
+    for cls in (PerExample, KerasMean):
+        weights, logs = results[cls]
+        for a, b in zip(summed, weights, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        assert logs["train"]["loss"] == pytest.approx(summed_logs["train"]["loss"], rel=1e-5)
+        assert logs["eval"]["loss"] == pytest.approx(summed_logs["eval"]["loss"], rel=1e-5)
+        assert np.ndim(logs["eval"]["loss"]) == 0

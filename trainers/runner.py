@@ -85,7 +85,12 @@ class ExperimentRunner:
         """Builds everything, then runs the mode. Eager; returns `{"train", "eval"}` logs."""
         if cluster.is_server_task(self.settings.distribution.strategy):
             return cluster.serve()  # a parameter-server job's worker or ps task only serves
-        with compat.orbit_messages_to_absl(), self.model_dir_lock, self.preemption:
+        with (
+            compat.orbit_messages_to_absl(),
+            keras_compat.recording_global_losses(),
+            self.model_dir_lock,
+            self.preemption,
+        ):
             try:
                 self.build()
             except (tf.errors.OpError, OSError) as e:  # a full disk before training started
