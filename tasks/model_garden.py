@@ -14,6 +14,15 @@ task keeps every method of its own, with Model Garden's signatures::
     validation_step(batch, ...)  -> task.validation_step(batch, model=, metrics=)
     aggregate_logs / reduce_aggregated_logs -> the task's own, when it has them
     initialize(model)            -> task.initialize(model), on a fresh run only
+    process_metrics(metrics, labels, outputs) -> task.process_metrics(...)
+    build_checkpoint(directory, **trackables) -> orbitask's checkpoint, which also holds
+                                    Model Garden's names (`model_garden_names`)
+
+A checkpoint is shared with Model Garden both ways: besides orbitask's names it holds the objects
+under the names `official.core.base_trainer.Trainer` gives them (`global_step`, `model`,
+`optimizer` and the model's `checkpoint_items`), so Model Garden's eval mode and a task's
+`initialize` with `init_checkpoint` read it; and orbitask restores the model, optimizer and step
+of a checkpoint that Model Garden's `train_lib.run_experiment` wrote (`trainers.checkpoints`).
 
 The global batch is `run_experiment.global_batch_size`; a `DataConfig.global_batch_size` that is
 set must agree with it for training (`check_global_batch_size`), and one left at 0 is filled in.
@@ -40,6 +49,8 @@ from orbitask.tasks.errors import ConfigError
 
 GUIDE = "docs/porting_from_model_garden.md"
 _BASE_TASK = "official.core.base_task"
+# Model Garden's name (official.core.base_trainer.Trainer's checkpoint) -> orbitask's name.
+MODEL_GARDEN_NAMES = {"global_step": "step", "model": "train_model", "optimizer": "optimizer"}
 
 
 def is_model_garden_task(task: Any) -> bool:
@@ -58,6 +69,16 @@ def _own_log_reduction(task: Any) -> bool:
         kind.aggregate_logs is not base.aggregate_logs
         or kind.reduce_aggregated_logs is not base.reduce_aggregated_logs
     )
+
+
+def model_garden_names(trackables: Mapping[str, Any]) -> dict[str, Any]:
+    """Returns the objects of orbitask's checkpoint `trackables` under the names Model Garden's
+    trainer saves them with (`global_step`, `model`, `optimizer`, and `model.checkpoint_items`,
+    e.g. a BERT classifier's `encoder`), each one whose name orbitask does not use. Eager."""
+    names = {mg: trackables[ours] for mg, ours in MODEL_GARDEN_NAMES.items() if ours in trackables}
+    model = trackables.get("train_model")
+    names.update(dict(getattr(model, "checkpoint_items", None) or {}))
+    return {name: obj for name, obj in names.items() if name not in trackables}
 
 
 def adapt(task: Any) -> Any:
@@ -100,11 +121,8 @@ class ModelGardenTask(Task):
       ConfigError: when `task` is not a Model Garden task.
     """
 
-    def __new__(cls, task: Any = None, *args: Any, **kwargs: Any):
-        del args, kwargs
-        if is_model_garden_task(task) and _own_log_reduction(task):
-            cls = _with_logs(cls)  # its aggregate_logs runs on the host
-        return super().__new__(cls)
+    # Model Garden's steps log each replica's own mean loss, which its trainer averages.
+    replica_logs = "mean"
 
     def __init__(self, task: Any, experiment: Any = None, **task_kwargs: Any):
         if not is_model_garden_task(task):
@@ -112,6 +130,10 @@ class ModelGardenTask(Task):
                 "ModelGardenTask wraps an official.core.base_task.Task; received "
                 f"{type(task).__name__}. An orbitask Task runs as it is."
             )
+        if _own_log_reduction(task) and not isinstance(self, ModelGardenTaskWithLogs):
+            # Its aggregate_logs runs on the host. Chosen here, not in __new__, so that a
+            # subclass which builds its Model Garden task inside __init__ gets it too.
+            self.__class__ = _with_logs(type(self))
         task_kwargs.setdefault("name", type(task).__name__)
         super().__init__(**task_kwargs)
         self.task = task
@@ -208,10 +230,24 @@ class ModelGardenTask(Task):
         trainer = self.experiment.trainer
         return self.task.create_optimizer(trainer.optimizer_config, self.experiment.runtime)
 
+    def build_checkpoint(
+        self, directory: str, **trackables: Any
+    ) -> tuple[tf.train.Checkpoint, tf.train.CheckpointManager]:
+        """Returns `Task.build_checkpoint` of `trackables` plus the same objects under Model
+        Garden's names (`model_garden_names`), saved once: Model Garden's eval mode and
+        `task.initialize` read orbitask's checkpoints. Eager, once, in strategy scope."""
+        names = model_garden_names(trackables)
+        return super().build_checkpoint(directory, **trackables, **names)
+
     def initialize(self, model: Any) -> None:
         """Calls `task.initialize(model)` (e.g. loads its `init_checkpoint`). Eager, once, on a
         fresh run only; returns None."""
         self.task.initialize(model)
+
+    def process_metrics(self, metrics: list, labels: Any, model_outputs: Any, **kwargs) -> None:
+        """Calls `task.process_metrics(metrics, labels, model_outputs, **kwargs)`, for a
+        subclass's own step. Traced by tf.function, per replica; returns None."""
+        self.task.process_metrics(metrics, labels, model_outputs, **kwargs)
 
     # Steps: Model Garden's own, per replica, inside `strategy.run`, under tf.function.
 

@@ -11,7 +11,9 @@ nothing).
 - A restore binds every variable of the run (model, optimizer, run state) or stops with one line
   naming what is missing or extra. Run state that a checkpoint lacks entirely (written by an older
   orbitask or another setting, e.g. `random_state`, `evaluated_step`) is named in a warning and
-  keeps its current value.
+  keeps its current value. A checkpoint written by Model Garden's trainer (`global_step`, `model`,
+  `optimizer`; a `ModelGardenTask`'s checkpoint holds the same objects under those names too)
+  restores the model, optimizer and step, and says in one warning what keeps its current value.
 """
 
 from __future__ import annotations
@@ -300,6 +302,15 @@ def _go_on_from(manager: tf.train.CheckpointManager, path: str, paths: list[str]
 
 # The checkpoint's children that every restore must bind in full; any other child is run state.
 CORE = ("step", "lr", "optimizer", "train_model", "train_loss")
+# Those that a checkpoint of Model Garden's trainer (`official.core.base_trainer.Trainer`) holds,
+# the step and the model under its names `global_step` and `model`.
+MODEL_GARDEN_CORE = ("step", "optimizer", "train_model")
+
+
+def written_by_model_garden(top_level: set[str]) -> bool:
+    """Whether a checkpoint whose top-level names are `top_level` was written by Model Garden's
+    trainer: `global_step` and `model`, without orbitask's `train_model`."""
+    return "train_model" not in top_level and {"global_step", "model"} <= top_level
 
 
 def restore(checkpoint: tf.train.Checkpoint, path: str) -> None:
@@ -320,7 +331,7 @@ def _variables_by_path(checkpoint: tf.train.Checkpoint) -> dict[str, object]:
     """Every object holding saved values under `checkpoint`, by its path from a top-level child
     (the model's own path preferred over the optimizer's reference to the same variable)."""
     children = dict(checkpoint._trackable_children())  # noqa: SLF001
-    order = sorted(children, key=lambda n: (n != "train_model", n))
+    order = sorted(children, key=lambda n: (n != "train_model", n not in CORE, n))
     named = object_identity.ObjectIdentityDictionary()
     for child in order:
         objects, paths = _graph_view.ObjectGraphView(children[child]).breadth_first_traversal()
@@ -328,6 +339,20 @@ def _variables_by_path(checkpoint: tf.train.Checkpoint) -> dict[str, object]:
             if obj not in named:
                 named[obj] = "/".join([child, *(ref.name for ref in paths[obj])])
     return {name: obj for obj, name in named.items()}
+
+
+def _model_children(checkpoint: tf.train.Checkpoint) -> list[str]:
+    """The top-level names of `checkpoint` that hold the model or a part of it: `train_model`
+    and its aliases (a `ModelGardenTask`'s `model`, `encoder`, ...)."""
+    children = dict(checkpoint._trackable_children())  # noqa: SLF001
+    model = children.get("train_model")
+    if model is None:
+        return []
+    parts, _ = _graph_view.ObjectGraphView(model).breadth_first_traversal()
+    parts = object_identity.ObjectIdentitySet(parts)
+    return [
+        n for n, obj in children.items() if n == "train_model" or (n not in CORE and obj in parts)
+    ]
 
 
 def _names(paths: list[str], limit: int = 4) -> str:
@@ -348,19 +373,21 @@ def require_complete(checkpoint: tf.train.Checkpoint, status, path: str) -> None
     coordinator = status._checkpoint  # noqa: SLF001
     proto = coordinator.object_graph_proto
     in_file = {ref.local_name for ref in proto.nodes[0].children}
+    model_garden = written_by_model_garden(in_file)
+    core = MODEL_GARDEN_CORE if model_garden else CORE
     matched = object_identity.ObjectIdentitySet(coordinator.object_by_proto_id.values())
     missing, absent_state = [], {}
     for name, obj in _variables_by_path(checkpoint).items():
         if obj in matched or name == "save_counter":  # the Checkpoint's own count of saves
             continue
         child = name.split("/", 1)[0]
-        if child not in CORE and child not in in_file:
+        if child not in core and child not in in_file:
             absent_state.setdefault(child, []).append(name)
         else:
             missing.append(name)
     printer = _checkpoint_lib.ObjectGraphProtoPrettyPrinter(proto)
     optimizer = getattr(checkpoint, "optimizer", None)
-    checked = ["(root).train_model."]
+    checked = [f"(root).{name}." for name in _model_children(checkpoint)]
     if getattr(optimizer, "built", False) is True:  # Keras 3: built eagerly, no deferred slots
         checked.append("(root).optimizer.")
     extra = [
@@ -384,11 +411,26 @@ def require_complete(checkpoint: tf.train.Checkpoint, status, path: str) -> None
             "It was written by another model or program. Use a new --model_dir, or warm-start "
             "part of it with init_checkpoint."
         )
+    if model_garden:
+        _warn_model_garden(path, sorted(absent_state))
+        return
     for child, names in absent_state.items():
         _warn(
             f"checkpoint {path} has no {child!r} (written by an older orbitask or another "
             f"setting): {_names(names)} keep their current values."
         )
+
+
+def _warn_model_garden(path: str, absent: list[str]) -> None:
+    """Says what a restore of Model Garden's checkpoint `path` left at its current value."""
+    kept = f"; {', '.join(absent)} keep their current values" if absent else ""
+    restarts = (
+        ", so the training input starts from its beginning" if "input_position" in absent else ""
+    )
+    _warn(
+        f"checkpoint {path} was written by Model Garden's trainer: restored its model, "
+        f"optimizer and global step{kept}{restarts}."
+    )
 
 
 def build(

@@ -2,8 +2,9 @@
 
 Runs once, eagerly, on a fresh run only (a run that restored its own checkpoint keeps it), and
 never touches the optimizer, the step or the input position. Variables are matched by their
-object path under the checkpoint's model root (`train_model` in orbitask checkpoints), so the
-init checkpoint may come from another orbitask run or any `tf.train.Checkpoint(<root>=model)`.
+object path under the checkpoint's model root (`train_model` in orbitask checkpoints, `model` in
+Model Garden's), so the init checkpoint may come from another orbitask run, Model Garden's
+`train_lib.run_experiment`, or any `tf.train.Checkpoint(<root>=model)`.
 """
 
 from __future__ import annotations
@@ -36,14 +37,24 @@ def model_variables(model: Any) -> list[tuple[tuple[str, ...], Any]]:
     return out
 
 
-def _checkpoint_keys(reader) -> Any:
-    """A function mapping an object path (from the root) to its variable's checkpoint key.
+# orbitask's name of the model in its checkpoints, and Model Garden's (official.core.base_trainer).
+ROOT, MODEL_GARDEN_ROOT = "train_model", "model"
+
+
+def _object_graph(reader) -> Any:
+    """The object graph of the checkpoint `reader` reads (a `TrackableObjectGraph`)."""
+    graph = trackable_object_graph_pb2.TrackableObjectGraph()
+    graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
+    return graph
+
+
+def _checkpoint_keys(graph) -> Any:
+    """A function mapping an object path (from the root of the object `graph`) to its
+    variable's checkpoint key.
 
     Object-based checkpoints store each variable once, under the first path found (an
     optimizer's reference can come first), so paths are resolved through the object graph.
     """
-    graph = trackable_object_graph_pb2.TrackableObjectGraph()
-    graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
 
     def key(path: tuple[str, ...]) -> str | None:
         node = graph.nodes[0]
@@ -71,6 +82,8 @@ class WarmStart:
     Args:
       init_checkpoint: a checkpoint path (prefix) or a directory (its latest checkpoint).
       root: the name the model has in that checkpoint (orbitask saves it as "train_model").
+        At "train_model", a checkpoint without it but with Model Garden's "model" is read
+        under "model".
       include: keep only variables whose object path (e.g. "train_model/_functional/...")
         starts with one of these prefixes, or
         whose Keras name contains one from a path component on (e.g. "dense/" matches
@@ -81,7 +94,7 @@ class WarmStart:
     def __init__(
         self,
         init_checkpoint: str = gin.REQUIRED,
-        root: str = "train_model",
+        root: str = ROOT,
         include: tuple | None = None,
         exclude: tuple = (),
     ):
@@ -89,6 +102,13 @@ class WarmStart:
         self.root = root
         self.include = tuple(include) if include else None
         self.exclude = tuple(exclude)
+
+    def _root(self, graph) -> str:
+        """`root`, or Model Garden's "model" for the default root in a checkpoint without it."""
+        top = {child.local_name for child in graph.nodes[0].children}
+        if self.root == ROOT and ROOT not in top and MODEL_GARDEN_ROOT in top:
+            return MODEL_GARDEN_ROOT
+        return self.root
 
     def _wanted(self, key: str, name: str) -> bool:
         def hit(prefixes):
@@ -115,7 +135,9 @@ class WarmStart:
                 f"({' '.join(str(e).split())[:200]}); point it at a checkpoint prefix or directory."
             ) from e
         shapes = reader.get_variable_to_shape_map()
-        key_of = _checkpoint_keys(reader)
+        graph = _object_graph(reader)
+        root = self._root(graph)
+        key_of = _checkpoint_keys(graph)
         report: dict[str, list[str]] = {
             "restored": [],
             "missing": [],
@@ -124,8 +146,8 @@ class WarmStart:
         }
         for object_path, variable in model_variables(model):
             name = _display_name(variable)
-            key = key_of((self.root, *object_path))
-            if not self._wanted("/".join((self.root, *object_path)), name):
+            key = key_of((root, *object_path))
+            if not self._wanted("/".join((root, *object_path)), name):
                 report["skipped"].append(name)
             elif key is None or key not in shapes:
                 report["missing"].append(name)
@@ -138,12 +160,13 @@ class WarmStart:
                 report["restored"].append(name)
         if not report["restored"]:
             raise ConfigError(
-                f"WarmStart restored nothing from {path} under root {self.root!r} (missing: "
+                f"WarmStart restored nothing from {path} under root {root!r} (missing: "
                 f"{len(report['missing'])}, mismatched: {len(report['mismatched'])}); check "
                 "WarmStart.root and include/exclude."
             )
         print(
-            f"orbitask: warm start from {path}: restored {len(report['restored'])} variable(s); "
+            f"orbitask: warm start from {path} (root {root!r}): restored "
+            f"{len(report['restored'])} variable(s); "
             f"not restored: {len(report['missing'])} missing, {len(report['mismatched'])} "
             f"shape-mismatched {report['mismatched']}, {len(report['skipped'])} excluded",
             flush=True,
