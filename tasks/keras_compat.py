@@ -324,11 +324,12 @@ class ExtraLoss:
         return float(self.total())
 
 
-tf.register_tensor_conversion_function(
-    ExtraLoss, lambda value, dtype=None, name=None, as_ref=False: tf.convert_to_tensor(
-        value.total(), dtype=dtype, name=name
-    )
-)
+def _extra_loss_to_tensor(value: ExtraLoss, dtype=None, name=None, as_ref=False) -> tf.Tensor:
+    del as_ref
+    return tf.convert_to_tensor(value.total(), dtype=dtype, name=name)
+
+
+tf.register_tensor_conversion_function(ExtraLoss, _extra_loss_to_tensor)
 
 # How a call-time `add_loss` term that is not an activity regulariser depends on the batch
 # (`Task.added_losses`).

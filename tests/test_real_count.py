@@ -49,10 +49,12 @@ class BatchLosses(EpochBatches):
             [
                 keras.Input((6,)),
                 keras.layers.Dense(
-                    8, activation="tanh", kernel_initializer=init(seed=1),
+                    8,
+                    activation="tanh",
+                    kernel_initializer=init(seed=1),
                     kernel_regularizer=keras.regularizers.L2(0.01),
                     activity_regularizer=keras.regularizers.L1(0.05),
-                ),  # fmt: skip
+                ),
                 SumActivity(),
                 keras.layers.Dense(3, kernel_initializer=init(seed=2)),
             ]
