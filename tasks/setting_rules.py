@@ -1,7 +1,8 @@
 """The type and range rule of every framework setting, keyed by its gin binding, and their check.
 
-`RULES` is the one table for the settings `configs/defaults.gin` binds (`run_experiment`'s and
-`Task`'s). A value that breaks its rule is one `ConfigError` line, raised before any work:
+`RULES` is the one table for the settings `configs/defaults.gin` binds (`run_experiment`'s,
+`NanGuard`'s, `ValidationControl`'s and `Task`'s). A value that breaks its rule is one
+`ConfigError` line, raised before any work:
 
     Expected a positive integer. Received: steps_per_loop=0 of type int. Fix
     orbitask.run_experiment.steps_per_loop in your experiment's .gin file or with --gin_params.
@@ -74,6 +75,18 @@ RULES: Mapping[str, Rule] = {
     "run_experiment.gradient_accumulation_steps": POSITIVE_INT,
     "run_experiment.histogram_interval": POSITIVE_INT.or_none(),
     "run_experiment.export_at_end": BOOL,
+    "run_experiment.eval_at_start": BOOL,
+    "ValidationControl.higher_is_better": BOOL,
+    "ValidationControl.halve_lr_on_worse": BOOL,
+    "ValidationControl.lr_multiplier": POSITIVE_NUMBER,
+    "ValidationControl.early_stop_patience": POSITIVE_INT.or_none(),
+    "ValidationControl.reset_patience_on_improvement": BOOL,
+    "ValidationControl.go_back": BOOL,
+    "ValidationControl.restore_best": BOOL,
+    "ValidationControl.keep_best": POSITIVE_INT,
+    "ValidationControl.per_task": BOOL,
+    "NanGuard.spike_factor": POSITIVE_NUMBER.or_none(),  # and > 1 (`NanGuard`)
+    "NanGuard.spike_warmup": POSITIVE_INT,
     "Task.clip_norm": POSITIVE_NUMBER.or_none(),
     "Task.optimizer_epsilon": POSITIVE_NUMBER,
     "Task.max_to_keep": POSITIVE_INT.or_none(),
@@ -83,8 +96,8 @@ RULES: Mapping[str, Rule] = {
 
 
 def check(owner: str, values: Mapping[str, Any]) -> None:
-    """Checks `values` (setting name -> value) of `owner` ("run_experiment" or "Task") against
-    `RULES`, in table order. Eager; returns None.
+    """Checks `values` (setting name -> value) of `owner` ("run_experiment", "NanGuard",
+    "ValidationControl" or "Task") against `RULES`, in table order. Eager; returns None.
 
     Raises:
       ConfigError: for the first value its rule refuses, naming the gin binding to fix.

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from orbitask.tasks import setting_rules
-from orbitask.trainers import ConfigError, run_experiment
+from orbitask.trainers import ConfigError, NanGuard, ValidationControl, run_experiment
 from tests.helpers import TinyTask
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -128,6 +128,10 @@ def test_each_setting_of_the_wrong_type_or_range_is_one_line(tmp_path, binding, 
     with pytest.raises(ConfigError) as info:
         if owner == "Task":
             TinyTask(**{name: value})
+        elif owner == "NanGuard":
+            NanGuard(**{name: value})
+        elif owner == "ValidationControl":
+            ValidationControl(**{name: value})
         else:
             _run(TinyTask(), tmp_path / "run", **{name: value})
     assert str(info.value).splitlines()[0] == (

@@ -193,3 +193,102 @@ def test_default_applies_the_finite_gradients_the_guard_applies_nothing(
         assert task.seen.column("iterations") == [1, 2, 3, 4]
         expected = [[-0.1, -0.1], [-0.2, -0.2], [-0.3, -0.2], [-0.4, -0.3]]
     np.testing.assert_allclose(moved, expected, rtol=1e-6)
+
+
+class SpikeAt(TinyTask):
+    """TinyTask whose loss is each example's cross-entropy times a weight: 1, and
+    `spikes[step]` for the examples of that training step (1-based, batch B)."""
+
+    def __init__(self, spikes, record=True):
+        super().__init__(n=B * 40)
+        self.scale = np.ones(len(self.x), np.float32)
+        for step, factor in spikes.items():
+            self.scale[(step - 1) * B : step * B] = factor
+        self.seen = StepRecorder() if record else None
+
+    def every_steps(self):
+        return {1: self.seen} if self.seen else {}
+
+    def build_inputs(self, per_replica_batch_size, input_context=None, training=True):
+        ds = tf.data.Dataset.from_tensor_slices((self.x, (self.y, self.scale)))
+        return ds.repeat().batch(per_replica_batch_size, drop_remainder=True)
+
+    def build_losses(self):
+        def loss_fn(loss_input):
+            logits, (labels, scale) = loss_input
+            losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+            return tf.reduce_sum(losses * scale)
+
+        return loss_fn
+
+
+def _spike_guard():
+    return NanGuard(patience=3, max_rollbacks=1, spike_factor=10.0, spike_warmup=3)
+
+
+@pytest.mark.parametrize("strategy,replicas", [("one_device", 1), ("mirrored", 2)])
+def test_loss_spike_is_skipped_after_warm_up_and_repeats_roll_back(
+    tmp_path, capsys, strategy, replicas
+):
+    """A 30x loss at step 2, inside the warm-up of 3 accepted steps: taken (it joins the average,
+    about 6 by step 6). A 1000x loss at step 7: skipped and counted (weights, slots, iterations
+    unchanged). At 11, 12, 13: three in a row roll back to ckpt-10; the replay spikes again and
+    the run stops."""
+    task = SpikeAt({2: 30.0, 7: 1000.0, 11: 1000.0, 12: 1000.0, 13: 1000.0})
+    with pytest.raises(NonFiniteLossError, match=r"over 10 x its recent average"):
+        _run(task, tmp_path, _spike_guard(), 20, strategy=strategy)
+    out = capsys.readouterr().out
+    assert out.count("rolled back to") == 1 and "ckpt-10" in out, out
+    seen = task.seen.steps
+    assert seen[1]["replicas"] == replicas
+    iterations = [seen[s]["iterations"] for s in range(1, 8)]
+    assert iterations == [1, 2, 3, 4, 5, 6, 6], iterations  # step 2 taken, step 7 skipped
+    loss = {s: seen[s]["logs"]["loss"] for s in seen}
+    assert loss[2] > 20 * loss[1] and loss[7] > 500 * loss[6]
+    for a, b in zip(seen[6]["weights"], seen[7]["weights"], strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert seen[10]["logs"]["nonfinite_steps"] == 1
+    assert seen[13]["iterations"] == 9  # the last of the three spikes before the rollback
+
+
+def test_spike_average_resumes_exactly(tmp_path):
+    """A run killed after step 6 and resumed to 10 skips the spike at step 8 and ends with the
+    weights and recent average of an uninterrupted run. Resumed without the saved average, it
+    would be warming up again at step 8 and take the spike."""
+    ends = {}
+    for name, stops in (("whole", [10]), ("resumed", [6, 10])):
+        for steps in stops:
+            run_experiment(
+                SpikeAt({8: 1000.0}, record=False),
+                str(tmp_path / name),
+                mode="train",
+                train_steps=steps,
+                global_batch_size=B,
+                steps_per_loop=10,
+                strategy="one_device",
+                progress=False,
+                nan_guard=_spike_guard(),
+            )
+        reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(tmp_path / name)))
+        names = reader.get_variable_to_shape_map()
+        values = [k for k in names if k.endswith("VARIABLE_VALUE") and "save_counter" not in k]
+        ends[name] = {key: reader.get_tensor(key) for key in values}
+    whole, resumed = ends["whole"], ends["resumed"]
+    for key, value in whole.items():  # weights, slots, iterations, the guard's state
+        np.testing.assert_array_equal(value, resumed[key], err_msg=key)
+    assert sorted(whole) == sorted(resumed)
+    assert whole["nan_guard/skipped/.ATTRIBUTES/VARIABLE_VALUE"] == 1  # step 8
+    assert 0 < whole["nan_guard/loss_average/.ATTRIBUTES/VARIABLE_VALUE"] < 10
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"spike_factor": 1.0}, r"`NanGuard.spike_factor` must be greater than 1"),
+        ({"spike_factor": "10"}, r"Received: spike_factor='10' .*orbitask.NanGuard.spike_factor"),
+        ({"spike_warmup": 0}, r"Received: spike_warmup=0 .*orbitask.NanGuard.spike_warmup"),
+    ],
+)
+def test_spike_settings_are_checked(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        NanGuard(**kwargs)

@@ -21,7 +21,10 @@ against it). Its additions:
   action, or any later save) records it. A run resumed from a checkpoint whose record is older
   than the newest evaluation point at or before its step evaluates first, at that step. A
   negative record means none (a fresh run, or a checkpoint written by `--mode=train`): the
-  schedule starts at the restored step.
+  schedule starts at the restored step, and with `eval_at_start` a baseline evaluation runs
+  there first (so once per run: its record is then saved).
+- After each evaluation the next point is taken from the step then (an eval action may move
+  the step back: `ValidationControl.go_back`).
 - `evaluate_continuously(..., waiting=)` holds `waiting()` while it waits for each new
   checkpoint; `save_now()` saves the state at the current step unless the newest checkpoint
   holds it (a preempted run's last save).
@@ -53,6 +56,8 @@ class Controller(orbit.Controller):
         `trainer.train` (e.g. `LoopLength.observe`), or None.
       evaluated_step: an int64 variable in the checkpoint recording the step of the last
         evaluation of `train_and_evaluate` (module docstring), or None.
+      eval_at_start: `train_and_evaluate` evaluates before training when no evaluation is
+        recorded (module docstring).
       **kwargs: `orbit.Controller`'s arguments, all honoured.
     """
 
@@ -64,6 +69,7 @@ class Controller(orbit.Controller):
         save_at_completion: bool = False,
         on_loop: Callable[[int, float], None] | None = None,
         evaluated_step: tf.Variable | None = None,
+        eval_at_start: bool = False,
         **kwargs,
     ):
         # Steps agree on every worker; the clock is this worker's (see `_due`).
@@ -80,6 +86,7 @@ class Controller(orbit.Controller):
         self._rate_mark: tuple[float, int] | None = None
         self._lengths: dict[int, tf.Tensor] = {}  # loop length -> its constant, made once
         self._evaluated = evaluated_step
+        self._eval_at_start = eval_at_start
         self._recorded: int | None = None  # `evaluated_step` in the newest checkpoint, if known
         if evaluated_step is not None:  # first: the other eval actions may save a checkpoint
             kwargs["eval_actions"] = [self._mark_evaluated, *(kwargs.get("eval_actions") or ())]
@@ -109,24 +116,31 @@ class Controller(orbit.Controller):
         """Trains until step `train_steps`, evaluating for `eval_steps` at each of `eval_points`
         (Orbit's `train_and_evaluate` with the points fixed by the step, not by the start).
         With `evaluated_step`, first evaluates an evaluation point the checkpoint did not
-        record. Returns the last evaluation's logs (None if none ran)."""
+        record; with `eval_at_start`, first evaluates where no evaluation is recorded. Returns
+        the last evaluation's logs (None if none ran)."""
         self._require("trainer", for_method="train_and_evaluate")
         self._require("evaluator", for_method="train_and_evaluate")
         output = None
         step = int(self.global_step.numpy())
-        if self._evaluated is not None and int(self._evaluated.numpy()) < 0:
+        evaluated = self._evaluated
+        if evaluated is None or int(evaluated.numpy()) < 0:
             # No record (a fresh run, or a checkpoint of --mode=train): the schedule starts here.
-            self._evaluated.assign(step)
-        elif self._evaluated is not None:
+            if self._eval_at_start:
+                output = self.evaluate(steps=eval_steps)  # the baseline; recorded at `step`
+            elif evaluated is not None:
+                evaluated.assign(step)
+        else:
             due = last_eval_point(step, train_steps, eval_interval)
-            if due > int(self._evaluated.numpy()):
+            if due > int(evaluated.numpy()):
                 logging.info("evaluation of step %d not recorded: evaluating at %d", due, step)
                 output = self.evaluate(steps=eval_steps)
-        for point in eval_points(step, train_steps, eval_interval):
+        while True:  # the next point from the step now: an eval action may move the step
+            point = next(eval_points(self._step_now(), train_steps, eval_interval), None)
+            if point is None:
+                break
             self.train(steps=point, checkpoint_at_completion=False)
             output = self.evaluate(steps=eval_steps)
         self._maybe_save_checkpoint(check_interval=False)
-        evaluated = self._evaluated
         if evaluated is not None and self.checkpoint_manager is not None:
             if self._recorded != int(evaluated.numpy()):
                 self._save(self._step_now())  # the last evaluation's record

@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from orbitask.tasks import eval_logs
 from orbitask.tasks.base import Task
+from orbitask.trainers import checkpoints, compat
 from orbitask.trainers.cluster import all_replica_values
 from orbitask.trainers.errors import ConfigError
 
@@ -199,6 +200,57 @@ def empty_validation_error(task: Any) -> ConfigError:
         "nothing to evaluate; give the validation input at least one batch (a batch with "
         "drop_remainder=True needs global_batch_size / replicas examples), or use --mode=train."
     )
+
+
+def check_checkpoint(path: str) -> None:
+    """Checks that `path` (`--checkpoint`, `run_experiment.eval_checkpoint`) is a checkpoint
+    prefix whose every tensor reads back. Eager; returns None.
+
+    Raises:
+      ConfigError: naming `path` and what is wrong with it.
+    """
+    if not isinstance(path, str) or not path:
+        raise ConfigError(
+            f"`eval_checkpoint` must be a checkpoint prefix such as runs/x/ckpt-1000; received "
+            f"{path!r}. Fix --checkpoint or orbitask.run_experiment.eval_checkpoint."
+        )
+    if tf.io.gfile.isdir(path):
+        reason = "it is a directory"
+    elif not tf.io.gfile.exists(path + ".index"):
+        reason = f"there is no {path}.index"
+    else:
+        reason = checkpoints.unreadable_reason(path)
+    if reason is not None:
+        raise ConfigError(
+            f"--checkpoint {path!r} is not a readable checkpoint: {reason}. Pass a checkpoint "
+            "prefix, the name before .index (e.g. runs/x/ckpt-1000)."
+        )
+
+
+def saved_checkpoints(manager) -> list[str]:
+    """The readable checkpoints in `manager`'s directory, oldest first, found by their files
+    (`<name>-<N>.index`), for `--mode=eval_all`. Eager; reads each in full and names the ones
+    that do not read back in a warning (they are left out, and left in place).
+
+    Raises:
+      ConfigError: when the directory holds no readable checkpoint.
+    """
+    name = compat.manager_settings(manager)["checkpoint_name"]
+    found = checkpoints.scan(manager.directory, name)
+    readable = []
+    for path in found:
+        reason = checkpoints.unreadable_reason(path)
+        if reason is None:
+            readable.append(path)
+        else:
+            print(f"orbitask: warning: checkpoint {path} is unreadable, not evaluated: {reason}")
+    if not readable:
+        some = f"none of its {len(found)} is readable" if found else f"it has no {name}-<N>"
+        raise ConfigError(
+            f"--mode=eval_all evaluates the checkpoints in {manager.directory!r}, and {some}; "
+            "pass the --model_dir you trained into."
+        )
+    return readable
 
 
 def _array(dtype) -> tf.TensorArray:

@@ -16,6 +16,7 @@ def run_experiment(
     task: Any = gin.REQUIRED,
     model_dir: str = gin.REQUIRED,
     mode: str = "train_and_eval",
+    eval_checkpoint: str | None = None,
     train_steps: int = gin.REQUIRED,
     global_batch_size: int = 64,
     learning_rate: Any = None,
@@ -36,6 +37,7 @@ def run_experiment(
     cpu_devices: int | None = None,
     gradient_accumulation_steps: int = 1,
     validation_control: Any = None,
+    eval_at_start: bool = False,
     jit_compile: bool = False,
     histogram_interval: int | None = None,
     profile_steps: Any = None,
@@ -55,7 +57,10 @@ def run_experiment(
       task: an `orbitask.Task`, or a Model Garden `official.core.base_task.Task` as it is
         (wrapped in `orbitask.ModelGardenTask`; docs/porting_from_model_garden.md).
       model_dir: checkpoints go here, summaries under `train/` and `eval/`.
-      mode: "train", "eval", "train_and_eval" or "continuous_eval".
+      mode: "train", "eval", "train_and_eval", "continuous_eval" or "eval_all" (every
+        checkpoint of `model_dir`, oldest first, each at its own step; then it returns).
+      eval_checkpoint: with mode "eval", the checkpoint to evaluate (a `ckpt-N` prefix, in
+        `model_dir` or elsewhere; the binary's `--checkpoint`); None: the newest in `model_dir`.
       params: for a Model Garden `task`, its `ExperimentConfig`, as Model Garden's
         `train_lib.run_experiment(params=...)` takes it: the optimizer and its schedule are the
         config's (`orbitask.ModelGardenTask(task, experiment=params)`). None: the seed's.
@@ -65,12 +70,15 @@ def run_experiment(
         progress), `CheckpointSettings` (checkpoint_interval, checkpoint_seconds, warm_start,
         keep_input_positions, async_checkpoints),
         `EvalSettings` (eval_interval, eval_steps, continuous_eval_timeout,
-        validation_control), `DistributionSettings` (strategy, cpu_devices), `FeatureSettings`
-        (nan_guard, mixed_precision, ema, histogram_interval, profile_steps, export_at_end).
+        validation_control, eval_at_start), `DistributionSettings` (strategy, cpu_devices),
+        `FeatureSettings` (nan_guard, mixed_precision, ema, histogram_interval, profile_steps,
+        export_at_end).
 
     Returns:
       `{"train": last train logs, "eval": last eval logs}` (Python floats / NumPy arrays), and
-      `"export"`, the SavedModel's folder, when `export_at_end` wrote one.
+      `"export"`, the SavedModel's folder, when `export_at_end` wrote one; with
+      `eval_checkpoint` or mode "eval_all", `"evaluated"`: one `{"checkpoint", "step", "eval"}`
+      per checkpoint evaluated, in order.
 
     Raises:
       ConfigError: for a bad setting, before any work. An exception from the task's own code
@@ -78,7 +86,8 @@ def run_experiment(
     """
     flat = dict(locals())
     task, model_dir, mode = flat.pop("task"), flat.pop("model_dir"), flat.pop("mode")
-    params = flat.pop("params")
+    params, eval_checkpoint = flat.pop("params"), flat.pop("eval_checkpoint")
     if params is not None:
         task = model_garden.with_experiment(task, params)
-    return ExperimentRunner(task, model_dir, mode, Settings.from_flat(**flat)).run()
+    settings = Settings.from_flat(**flat)
+    return ExperimentRunner(task, model_dir, mode, settings, eval_checkpoint=eval_checkpoint).run()

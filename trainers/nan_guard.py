@@ -1,8 +1,14 @@
-"""`NanGuard`: skip updates whose loss or gradient is not finite; roll back once after K bad
-steps in a row.
+"""`NanGuard`: skip updates whose loss or gradient is not finite, or whose loss spikes; roll
+back once after K bad steps in a row.
 
 A step is bad when its loss or any entry of its all-reduced gradient (before `update_pre` zeroes
-non-finite entries) is NaN or +-Inf; a bad step is detected before its update and applies none.
+non-finite entries) is NaN or +-Inf, or, with `spike_factor` F, when its loss (the mean over
+replicas) exceeds F times the recent average of accepted losses; a bad step is detected before
+its update and applies none. The recent average is the mean of the first `SPIKE_HORIZON` losses
+of steps the guard accepted, then an exponential moving average of them with weight
+1 / `SPIKE_HORIZON`; it acts once `spike_warmup` steps were accepted, and only while it is
+positive. The counters and the average are in the checkpoint, so a resumed run decides as an
+uninterrupted one, and a rollback restores them with the weights.
 Off by default (the default `update_pre` then zeroes non-finite gradient entries and the step is
 taken). Enable it in gin with `orbitask.run_experiment.nan_guard = @orbitask.NanGuard()`. Works
 with the default `train_step` (it needs `Task.compute_update`); a task that overrides
@@ -15,32 +21,57 @@ import gin
 import tensorflow as tf
 from absl import logging
 
+from orbitask.tasks import setting_rules
 from orbitask.trainers.errors import ConfigError, NonFiniteLossError
+
+SPIKE_HORIZON = 100  # accepted losses in the recent average (the EMA's 1 / weight)
 
 
 @gin.configurable("NanGuard", module="orbitask")
 class NanGuard:
-    """Skips steps whose loss or gradient is not finite (weights, optimizer slots and
-    iterations unchanged).
+    """Skips steps whose loss or gradient is not finite, or whose loss spikes (weights,
+    optimizer slots and iterations unchanged).
 
     Args:
       patience: consecutive skipped steps that trigger a rollback to the latest checkpoint.
       max_rollbacks: rollbacks allowed in one run; reaching `patience` again after them stops
         the run with `NonFiniteLossError` (never an endless restore-replay loop).
+      spike_factor: F > 1: also skip (and count) a step whose loss exceeds F times the recent
+        average of accepted losses (module docstring); None: off.
+      spike_warmup: accepted steps before the spike check acts (their losses make the first
+        average).
     """
 
-    def __init__(self, patience: int = 3, max_rollbacks: int = 1):
+    def __init__(
+        self,
+        patience: int = 3,
+        max_rollbacks: int = 1,
+        spike_factor: float | None = None,
+        spike_warmup: int = 20,
+    ):
         for name, value, low in (("patience", patience, 1), ("max_rollbacks", max_rollbacks, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(
                     f"`NanGuard.{name}` must be an integer >= {low}; received {value!r}. "
                     "Fix it in your .gin file."
                 )
+        spike = {"spike_factor": spike_factor, "spike_warmup": spike_warmup}
+        setting_rules.check("NanGuard", spike)
+        if spike_factor is not None and spike_factor <= 1:
+            raise ConfigError(
+                f"`NanGuard.spike_factor` must be greater than 1 (or None: off); received "
+                f"{spike_factor!r}: a factor <= 1 skips ordinary steps. Fix "
+                "orbitask.NanGuard.spike_factor in your .gin file."
+            )
         self.patience = patience
         self.max_rollbacks = max_rollbacks
+        self.spike_factor = spike_factor
+        self.spike_warmup = spike_warmup
         self.rollbacks = 0
         self.streak = None
         self.skipped = None
+        self.loss_average = None
+        self.accepted = None
 
     def build(self) -> None:
         """Creates the counters; returns None. Eager, once, inside `strategy.scope()`."""
@@ -51,12 +82,44 @@ class NanGuard:
         )
         self.streak = tf.Variable(0, name="nan_guard_streak", **kwargs)
         self.skipped = tf.Variable(0, name="nan_guard_skipped", **kwargs)
+        self.accepted = tf.Variable(0, name="nan_guard_accepted", **kwargs)
+        kwargs["dtype"] = tf.float32
+        self.loss_average = tf.Variable(0.0, name="nan_guard_loss_average", **kwargs)
 
-    def record(self, bad: tf.Tensor) -> None:
+    def checkpoint(self) -> tf.train.Checkpoint:
+        """Returns the guard's state to save with the run (counters and recent average). Eager,
+        after `build`."""
+        return tf.train.Checkpoint(
+            streak=self.streak,
+            skipped=self.skipped,
+            accepted=self.accepted,
+            loss_average=self.loss_average,
+        )
+
+    def is_spike(self, loss: tf.Tensor) -> tf.Tensor:
+        """Returns whether `loss` (the step's loss, a scalar) exceeds `spike_factor` times the
+        recent average, once `spike_warmup` steps were accepted and while the average is
+        positive (False when `spike_factor` is None). Cross-replica context, traced."""
+        if self.spike_factor is None:
+            return tf.constant(False)
+        average = self.loss_average.read_value()
+        warm = tf.logical_and(self.accepted >= self.spike_warmup, average > 0)
+        return tf.logical_and(warm, tf.cast(loss, tf.float32) > self.spike_factor * average)
+
+    def record(self, bad: tf.Tensor, loss: tf.Tensor | None = None) -> None:
         """Counts one step (cross-replica context, traced by tf.function); returns None.
 
-        `bad` is a scalar bool.
+        `bad` is a scalar bool; `loss`, the step's loss (a scalar), joins the recent average
+        when the step is not bad (None: the average is not kept).
         """
+        if loss is not None:
+            good = tf.logical_not(bad)
+            count = self.accepted + tf.cast(good, tf.int64)
+            weight = 1.0 / tf.cast(tf.clip_by_value(count, 1, SPIKE_HORIZON), tf.float32)
+            average = self.loss_average.read_value()
+            moved = average + (tf.cast(loss, tf.float32) - average) * weight
+            self.loss_average.assign(tf.where(good, moved, average))
+            self.accepted.assign(count)
         bad = tf.cast(bad, tf.int64)
         self.skipped.assign_add(bad)
         self.streak.assign((self.streak + 1) * bad)
@@ -90,9 +153,12 @@ class NanGuard:
         if int(self.streak.numpy()) < self.patience:
             return False
         step = int(global_step.numpy())
+        bad = "not finite"
+        if self.spike_factor is not None:
+            bad += f" (or the loss over {self.spike_factor:g} x its recent average)"
         if self.rollbacks >= self.max_rollbacks:
             raise NonFiniteLossError(
-                f"the loss or its gradient was not finite for {self.patience} consecutive steps "
+                f"the loss or its gradient was {bad} for {self.patience} consecutive steps "
                 f"(up to step {step}) after {self.rollbacks} rollback(s); stopping. Check the "
                 "input data or lower the learning rate; the checkpoints in the model directory "
                 "are intact."
@@ -101,7 +167,7 @@ class NanGuard:
         path = manager.latest_checkpoint
         if path is None:
             raise NonFiniteLossError(
-                f"the loss or its gradient was not finite for {self.patience} consecutive steps "
+                f"the loss or its gradient was {bad} for {self.patience} consecutive steps "
                 f"(up to step {step}) and there is no checkpoint to roll back to; stopping."
             )
         with strategy.scope():
@@ -109,13 +175,14 @@ class NanGuard:
         self.rollbacks += 1
         self.streak.assign(0)
         logging.warning(
-            "NanGuard: %d non-finite steps in a row up to step %d; rolled back to %s.",
+            "NanGuard: %d bad steps in a row up to step %d; rolled back to %s.",
             self.patience,
             step,
             path,
         )
+        what = "non-finite or spiking loss" if self.spike_factor is not None else "non-finite loss"
         print(
-            f"orbitask: non-finite loss or gradient up to step {step}; rolled back to {path}",
+            f"orbitask: {what} or gradient up to step {step}; rolled back to {path}",
             flush=True,
         )
         return True

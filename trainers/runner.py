@@ -21,6 +21,7 @@ from orbitask.trainers import (
     checkpoints,
     cluster,
     compat,
+    evaluation,
     full_disk,
     inputs,
     model_dir_lock,
@@ -58,16 +59,36 @@ class ExperimentRunner:
       task: an `orbitask.Task`, or a Model Garden `base_task.Task` (run through
         `tasks.model_garden.ModelGardenTask`).
       model_dir: checkpoints go here, summaries under `train/` and `eval/`.
-      mode: "train", "eval", "train_and_eval" or "continuous_eval".
+      mode: "train", "eval", "train_and_eval", "continuous_eval" or "eval_all".
       settings: the run's `settings.Settings`.
+      eval_checkpoint: with mode "eval", the checkpoint to evaluate instead of the newest.
 
     Raises:
       ConfigError: from the constructor, for a setting that needs no TensorFlow object.
     """
 
-    def __init__(self, task: Any, model_dir: str, mode: str, settings: Settings):
+    def __init__(
+        self,
+        task: Any,
+        model_dir: str,
+        mode: str,
+        settings: Settings,
+        eval_checkpoint: str | None = None,
+    ):
         task = model_garden.adapt(task)  # a Model Garden task runs as it is
         check_settings(task, model_dir, mode, settings)
+        self.eval_checkpoint = eval_checkpoint
+        if eval_checkpoint is not None:
+            if mode != "eval":
+                raise ConfigError(
+                    f"`eval_checkpoint` ({eval_checkpoint!r}) is for --mode=eval; received mode "
+                    f"{mode!r}. Drop --checkpoint (orbitask.run_experiment.eval_checkpoint) or "
+                    "use --mode=eval."
+                )
+            evaluation.check_checkpoint(eval_checkpoint)
+        # Saved checkpoints evaluated one by one, each restored by the runner: they only read
+        # the model directory (no best export, learning-rate control or operative config).
+        self.evaluates_saved = mode == "eval_all" or eval_checkpoint is not None
         self.task = task
         self.model_dir = model_dir
         self.mode = mode
@@ -75,6 +96,8 @@ class ExperimentRunner:
         self.training = mode in ("train", "train_and_eval")
         self.evaluating = mode != "train"
         self.results: dict = {"train": {}, "eval": {}}
+        if self.evaluates_saved:
+            self.results["evaluated"] = []
         self.trainer: TaskTrainer | None = None
         self.model_dir_lock = model_dir_lock.ModelDirLock(model_dir)  # one run per directory
         # SIGTERM: a training run saves, then every mode exits 75 (installed for the whole run).
@@ -194,7 +217,7 @@ class ExperimentRunner:
             self.checkpoint, self.manager = self._build_checkpoint()
         self.eval_dataset = self._build_eval_input() if self.evaluating else None
         self.trainer = self._build_trainer()
-        if self.chief:
+        if self.chief and not self.evaluates_saved:
             checkpoints.write_operative_config(self.model_dir)
         self.controller = self._build_controller()
 
@@ -251,8 +274,9 @@ class ExperimentRunner:
 
     def _build_summaries(self) -> None:
         model_dir, chief = self.model_dir, self.chief
+        trains = chief and not self.evaluates_saved  # evaluating saved ones adds no train/
         self.train_summaries = summaries.LoopSummaryManager(
-            os.path.join(model_dir, "train") if chief else None,
+            os.path.join(model_dir, "train") if trains else None,
             summaries.write,
             self.global_step,
             interval=10 * self.settings.loop.steps_per_loop,
@@ -285,8 +309,10 @@ class ExperimentRunner:
             extra_state["ema"] = features.ema.build(self.model)
         if self.loss_scale is not None:
             extra_state["loss_scale"] = self.loss_scale.checkpoint()
-        if control is not None and self.evaluating:
-            extra_state["validation_control"] = control.build()
+        if self.nan_guard is not None:  # its counters and loss average resume too
+            extra_state["nan_guard"] = self.nan_guard.checkpoint()
+        if control is not None and self.evaluating and not self.evaluates_saved:
+            extra_state["validation_control"] = control.build(self.task)
         if self.mode == "train_and_eval":  # the Controller's record of the last evaluation
             extra_state["evaluated_step"] = tf.Variable(
                 -1,  # no record: a fresh run, or a checkpoint written without evaluations
@@ -311,7 +337,10 @@ class ExperimentRunner:
             extra_state,
             asynchronous=self.settings.checkpoints.asynchronous,
         )
-        if self.mode == "eval" and manager.latest_checkpoint is None:  # the chief's directory
+        self.saved = [self.eval_checkpoint] if self.eval_checkpoint else []
+        if self.mode == "eval_all":
+            self.saved = evaluation.saved_checkpoints(manager)
+        if self.mode == "eval" and not self.saved and manager.latest_checkpoint is None:
             raise ConfigError(
                 f"--mode=eval evaluates the latest checkpoint, and {self.model_dir!r} has none; "
                 "pass the --model_dir you trained into (continuous_eval waits for checkpoints)."
@@ -386,7 +415,7 @@ class ExperimentRunner:
     def _build_eval_actions(self) -> list:
         actions = [self._keep_eval_logs]
         control = self.settings.evaluation.validation_control
-        if control is not None and self.evaluating:
+        if control is not None and self.evaluating and not self.evaluates_saved:
             actions.append(
                 # A non-chief worker exports its best checkpoint into its own temp folder.
                 control.action(
@@ -396,6 +425,9 @@ class ExperimentRunner:
                     self.lr_control,
                     self.global_step,
                     ema=self.settings.features.ema,
+                    strategy=self.strategy,
+                    trainer=self.trainer,
+                    train_steps=self.settings.loop.train_steps if self.training else None,
                 )
             )
         actions.append(self.preemption)  # last: after the evaluation's record and best export
@@ -412,6 +444,7 @@ class ExperimentRunner:
             enable_async_checkpointing=saves.asynchronous,
             on_loop=self.loop_length.observe,
             evaluated_step=getattr(self.checkpoint, "evaluated_step", None),
+            eval_at_start=self.settings.evaluation.at_start,
             global_step=self.global_step,
             trainer=self.trainer if self.training else None,
             evaluator=self.trainer if self.evaluating else None,
@@ -419,7 +452,8 @@ class ExperimentRunner:
             train_actions=self._build_train_actions(),
             eval_actions=self._build_eval_actions(),
             steps_per_loop=self._steps_per_loop,
-            checkpoint_manager=self.manager,
+            # None: no restore of the newest checkpoint; `_evaluate_saved` restores each one.
+            checkpoint_manager=None if self.evaluates_saved else self.manager,
             summary_manager=self.train_summaries,
             eval_summary_manager=self.eval_summaries,
             eval_summary_dir=os.path.join(self.model_dir, "eval"),  # else Orbit reuses train/
@@ -480,6 +514,8 @@ class ExperimentRunner:
                 self.controller.train(train_steps)
             elif self.mode == "train_and_eval":
                 self.controller.train_and_evaluate(train_steps, eval_steps, evaluation.interval)
+            elif self.evaluates_saved:
+                self._evaluate_saved(eval_steps)
             elif self.mode == "eval":
                 self.controller.evaluate(eval_steps)
             else:
@@ -493,6 +529,20 @@ class ExperimentRunner:
         self._export_at_end()
         self._finish()
         return self.results
+
+    def _evaluate_saved(self, eval_steps: int) -> None:
+        """Evaluates each of `self.saved` in order at its own step: restored, evaluated, its
+        summaries written under `eval/` at that step, one line printed (eval_all). Eager."""
+        for path in self.saved:
+            with self.strategy.scope():
+                checkpoints.restore(self.checkpoint, path)
+            step = int(self.global_step.numpy())
+            self.controller.evaluate(eval_steps)
+            self.eval_summaries.flush()
+            logs = dict(self.results["eval"])
+            self.results["evaluated"].append({"checkpoint": path, "step": step, "eval": logs})
+            if self.mode == "eval_all":
+                print(f"orbitask: {os.path.basename(path)}: {_eval_line(step, logs)}", flush=True)
 
     def _export_at_end(self) -> None:
         """With `export_at_end`, the trained model (EMA averages if set) as a SavedModel."""
@@ -514,9 +564,16 @@ class ExperimentRunner:
         self.train_summaries.write_pending()
         self.train_summaries.flush()
         self.eval_summaries.flush()
-        scalars = {k: v for k, v in self.results["eval"].items() if isinstance(v, (int, float))}
-        step = int(self.global_step.numpy())
-        if scalars:
-            text = ", ".join(f"{k} {v:.4g}" for k, v in sorted(scalars.items()))
-            print(f"orbitask: eval at step {step}: {text}")
+        line = _eval_line(int(self.global_step.numpy()), self.results["eval"])
+        if line and self.mode != "eval_all":  # eval_all printed one line per checkpoint
+            print(f"orbitask: {line}")
         print(f"orbitask: checkpoints in {self.model_dir}; TensorBoard: --logdir {self.model_dir}")
+
+
+def _eval_line(step: int, logs: dict) -> str | None:
+    """The report line of an evaluation at `step` (its scalar logs), or None without any."""
+    scalars = {k: v for k, v in logs.items() if isinstance(v, (int, float))}
+    if not scalars:
+        return None
+    text = ", ".join(f"{k} {v:.4g}" for k, v in sorted(scalars.items()))
+    return f"eval at step {step}: {text}"

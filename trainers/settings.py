@@ -14,7 +14,7 @@ from orbitask.tasks.model_garden import GUIDE, ModelGardenTask
 from orbitask.trainers import profiling
 from orbitask.trainers.errors import ConfigError
 
-MODES = ("train", "eval", "train_and_eval", "continuous_eval")
+MODES = ("train", "eval", "train_and_eval", "continuous_eval", "eval_all")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,13 +92,17 @@ class EvalSettings:
       continuous_timeout: `continuous_eval_timeout`: in continuous_eval, seconds between checks
         for a new checkpoint (default 30); it stops after evaluating the one at `train_steps`.
       validation_control: an `orbitask.ValidationControl` (best-checkpoint export to `best/`,
-        LR halving on a worse validation, early stop), or None.
+        LR halving on a worse validation, going back to the best, early stop), or None.
+      at_start: `eval_at_start`: in train_and_eval, a baseline evaluation before training, at
+        the starting step, unless the checkpoint records an evaluation already; the
+        validation control counts it as the first best.
     """
 
     interval: int | None = 500
     steps: int | None = None
     continuous_timeout: float | None = None
     validation_control: Any = None
+    at_start: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,6 +194,7 @@ _FLAT = {
             "eval_steps": "steps",
             "continuous_eval_timeout": "continuous_timeout",
             "validation_control": "validation_control",
+            "eval_at_start": "at_start",
         },
     ),
     "distribution": (DistributionSettings, _same(DistributionSettings)),

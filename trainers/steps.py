@@ -239,8 +239,9 @@ class GuardedBody:
     the all-reduced gradient, as computed before `update_pre` zeroes non-finite entries, are
     finite. The check comes before any variable changes.
 
-    The NaN guard counts a step as bad for a non-finite loss or gradient; with float16 loss
-    scaling a non-finite gradient is an overflow, which lowers the scale and is not counted.
+    The NaN guard counts a step as bad for a non-finite loss or gradient, or (`spike_factor`) a
+    loss above that factor times its recent average; with float16 loss scaling a non-finite
+    gradient is an overflow, which lowers the scale and is not counted.
     The condition lives in cross-replica context: a `tf.cond` around `apply_gradients` inside
     `strategy.run` would cross a synchronisation point, which tf.distribute forbids.
     """
@@ -274,6 +275,11 @@ class GuardedBody:
         total = tf.distribute.ReduceOp.SUM
         bad_loss = self.strategy.reduce(total, logs.pop("nonfinite"), axis=None) > 0
         overflow = self.strategy.reduce(total, logs.pop("nonfinite_gradients"), axis=None) > 0
+        step_loss = None  # the step's loss (replica mean), for the guard's spike check
+        if self.nan_guard is not None and self.nan_guard.spike_factor is not None:
+            mean = tf.distribute.ReduceOp.MEAN
+            step_loss = self.strategy.reduce(mean, logs[self.update.objects.task.loss], axis=None)
+            bad_loss = tf.logical_or(bad_loss, self.nan_guard.is_spike(step_loss))
         bad = tf.logical_or(bad_loss, overflow)
 
         def apply():
@@ -287,7 +293,7 @@ class GuardedBody:
         tf.cond(bad, lambda: tf.constant(True), apply)
         extra = {}
         if self.nan_guard is not None:
-            self.nan_guard.record(bad_loss if self.loss_scale is not None else bad)
+            self.nan_guard.record(bad_loss if self.loss_scale is not None else bad, step_loss)
             extra["nonfinite_steps"] = tf.cast(self.nan_guard.skipped, tf.float32)
         if self.loss_scale is not None:
             self.loss_scale.update(overflow)

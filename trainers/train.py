@@ -31,8 +31,14 @@ flags.DEFINE_string("model_dir", None, "Checkpoints and summaries go here.", fla
 flags.DEFINE_enum(
     "mode",
     "train_and_eval",
-    ["train", "eval", "train_and_eval", "continuous_eval"],
-    "What to run.",
+    ["train", "eval", "train_and_eval", "continuous_eval", "eval_all"],
+    "What to run (eval_all: every checkpoint of --model_dir, oldest first).",
+    flag_values=FLAGS,
+)
+flags.DEFINE_string(
+    "checkpoint",
+    None,
+    "With --mode=eval: the checkpoint to evaluate (a ckpt-N prefix); default: the newest.",
     flag_values=FLAGS,
 )
 
@@ -204,7 +210,8 @@ def main(argv: list[str]) -> int:
     try:
         parse_gin(FLAGS.gin_file, FLAGS.gin_params)
         task = build_task()
-        run_experiment(task=task, model_dir=FLAGS.model_dir, mode=FLAGS.mode)
+        chosen = {"eval_checkpoint": FLAGS.checkpoint} if FLAGS.checkpoint else {}
+        run_experiment(task=task, model_dir=FLAGS.model_dir, mode=FLAGS.mode, **chosen)
     except NoSpaceError as e:
         _fail(str(e))
         return EXIT_NO_SPACE
