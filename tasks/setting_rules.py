@@ -61,6 +61,7 @@ RULES: Mapping[str, Rule] = {
     "run_experiment.steps_per_loop": POSITIVE_INT,
     "run_experiment.loop_seconds": POSITIVE_NUMBER.or_none(),
     "run_experiment.eval_interval": POSITIVE_INT.or_none(),
+    "run_experiment.eval_seconds": POSITIVE_NUMBER.or_none(),
     "run_experiment.eval_steps": POSITIVE_INT.or_none(),
     "run_experiment.checkpoint_interval": POSITIVE_INT.or_none(),
     "run_experiment.checkpoint_seconds": POSITIVE_NUMBER.or_none(),

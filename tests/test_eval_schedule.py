@@ -2,7 +2,9 @@
 counted from step 0, an evaluation not recorded in a checkpoint runs again on resume, and a run
 with `ValidationControl` killed between or during evaluations ends as an uninterrupted one."""
 
+import glob
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -12,8 +14,10 @@ import orbit
 import pytest
 import tensorflow as tf
 
+from orbitask import run_experiment
 from orbitask.trainers.controller import Controller, eval_points, last_eval_point
 from tests import faults
+from tests.helpers import TinyTask
 
 
 class _Trainer(orbit.StandardTrainer):
@@ -219,3 +223,56 @@ def test_killed_during_an_evaluation_evaluates_again_on_resume(reference, tmp_pa
     latest = _kill_at_pause(model_dir, "eval 22")
     assert latest.endswith("ckpt-22"), latest
     _assert_as_reference(reference, model_dir, _run(model_dir))
+
+
+class _SlowTrainer(orbit.AbstractTrainer):
+    """Each device loop takes `seconds` and adds its steps to the global step."""
+
+    def __init__(self, seconds):
+        self.global_step = orbit.utils.create_global_step()
+        self.seconds = seconds
+
+    def train(self, num_steps):
+        time.sleep(self.seconds)
+        self.global_step.assign_add(int(num_steps))
+
+
+class _SlowEvaluator(_Evaluator):
+    def evaluate(self, num_steps):
+        time.sleep(0.5)
+        return super().evaluate(num_steps)
+
+
+@pytest.mark.parametrize(
+    "eval_seconds, interval, expected",
+    [
+        (0.6, None, [100, 200, 300]),  # 2 loops of 0.4 s pass 0.6 s; evaluation time not counted
+        (1000.0, None, [300]),  # the clock never says so: the end only
+        (0.6, 150, [100, 150, 250, 300]),  # beside the step rule, each restarting the clock
+    ],
+)
+def test_eval_seconds_evaluates_after_the_loop_that_passes_that_much_training(
+    eval_seconds, interval, expected
+):
+    trainer = _SlowTrainer(0.4)
+    evaluator = _SlowEvaluator(trainer.global_step)
+    controller = Controller(
+        trainer=trainer, evaluator=evaluator, global_step=trainer.global_step, steps_per_loop=50
+    )
+    controller.train_and_evaluate(300, eval_interval=interval, eval_seconds=eval_seconds)
+    assert evaluator.steps == expected
+
+
+def test_eval_seconds_reaches_the_controller_from_run_experiment(tmp_path):
+    """Every device loop lasts more than a microsecond: an evaluation after each one."""
+    run_experiment(
+        TinyTask(), str(tmp_path), mode="train_and_eval", train_steps=6, global_batch_size=8,
+        steps_per_loop=2, loop_seconds=None, eval_interval=None, eval_seconds=1e-6,
+        strategy="one_device", progress=False,
+    )  # fmt: skip
+    steps = set()
+    for path in glob.glob(os.path.join(tmp_path, "eval", "events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            if any(value.tag == "loss" for value in event.summary.value):
+                steps.add(event.step)
+    assert sorted(steps) == [2, 4, 6]

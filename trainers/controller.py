@@ -25,6 +25,11 @@ against it). Its additions:
   there first (so once per run: its record is then saved).
 - After each evaluation the next point is taken from the step then (an eval action may move
   the step back: `ValidationControl.go_back`).
+- `train_and_evaluate(..., eval_seconds=T)` also evaluates at the end of the first device loop
+  that ends T seconds of training after the last evaluation (evaluation time not counted),
+  on every worker when any worker's clock says so (`cluster.any_worker`, a collective after
+  every loop, as the checkpoint time rule). Such a point depends on the clock: a resumed run
+  evaluates at the steps its own clock picks.
 - `evaluate_continuously(..., waiting=)` holds `waiting()` while it waits for each new
   checkpoint; `save_now()` saves the state at the current step unless the newest checkpoint
   holds it (a preempted run's last save).
@@ -94,8 +99,15 @@ class Controller(orbit.Controller):
         if evaluated_step is not None:
             self._recorded = int(evaluated_step.numpy())
 
-    def train(self, steps: int, checkpoint_at_completion: bool = True) -> None:
-        """Trains until the global step is `steps` (Orbit's `train`, one step read a loop)."""
+    def train(
+        self,
+        steps: int,
+        checkpoint_at_completion: bool = True,
+        stop: Callable[[], bool] | None = None,
+    ) -> None:
+        """Trains until the global step is `steps` (Orbit's `train`, one step read a loop), or
+        until `stop()` (asked after each device loop short of `steps`, on every worker) says so.
+        Eager."""
         self._require("trainer", for_method="train")
         step = int(self.global_step.numpy())
         while step < steps:
@@ -106,18 +118,26 @@ class Controller(orbit.Controller):
                 length = min(length, until)
             step = self._train_n_steps(max(1, min(steps - step, length)), step)
             self._maybe_save_checkpoint()
+            if stop is not None and step < steps and stop():
+                break
         if checkpoint_at_completion:
             self._maybe_save_checkpoint(check_interval=False)
         self._sync_on_async_checkpointing()
 
     def train_and_evaluate(
-        self, train_steps: int, eval_steps: int = -1, eval_interval: int | None = None
+        self,
+        train_steps: int,
+        eval_steps: int = -1,
+        eval_interval: int | None = None,
+        eval_seconds: float | None = None,
     ) -> dict | None:
         """Trains until step `train_steps`, evaluating for `eval_steps` at each of `eval_points`
-        (Orbit's `train_and_evaluate` with the points fixed by the step, not by the start).
-        With `evaluated_step`, first evaluates an evaluation point the checkpoint did not
-        record; with `eval_at_start`, first evaluates where no evaluation is recorded. Returns
-        the last evaluation's logs (None if none ran)."""
+        (Orbit's `train_and_evaluate` with the points fixed by the step, not by the start),
+        and with `eval_seconds` also after the device loop that ends that many seconds of
+        training after the last evaluation (module docstring). With `evaluated_step`, first
+        evaluates an evaluation point the checkpoint did not record; with `eval_at_start`,
+        first evaluates where no evaluation is recorded. Eager; returns the last evaluation's
+        logs (None if none ran)."""
         self._require("trainer", for_method="train_and_evaluate")
         self._require("evaluator", for_method="train_and_evaluate")
         output = None
@@ -138,7 +158,8 @@ class Controller(orbit.Controller):
             point = next(eval_points(self._step_now(), train_steps, eval_interval), None)
             if point is None:
                 break
-            self.train(steps=point, checkpoint_at_completion=False)
+            stop = _clock(eval_seconds, self.strategy)
+            self.train(steps=point, checkpoint_at_completion=False, stop=stop)
             output = self.evaluate(steps=eval_steps)
         self._maybe_save_checkpoint(check_interval=False)
         if evaluated is not None and self.checkpoint_manager is not None:
@@ -291,6 +312,16 @@ class Controller(orbit.Controller):
         self._saved_step = step
         if self._evaluated is not None:
             self._recorded = int(self._evaluated.numpy())
+
+
+def _clock(seconds: float | None, strategy: tf.distribute.Strategy | None = None):
+    """`stop()` for `Controller.train`: whether `seconds` passed since this call, on any worker
+    (None: no time rule). Eager."""
+    if seconds is None:
+        return None
+    start = time.monotonic()
+    strategy = strategy or tf.distribute.get_strategy()
+    return lambda: cluster.any_worker(strategy, time.monotonic() - start >= seconds)
 
 
 def eval_points(step: int, train_steps: int, interval: int | None) -> Iterator[int]:

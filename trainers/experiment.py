@@ -23,6 +23,7 @@ def run_experiment(
     steps_per_loop: int = 100,
     loop_seconds: float | None = 1.0,
     eval_interval: int | None = 500,
+    eval_seconds: float | None = None,
     eval_steps: int | None = None,
     checkpoint_interval: int | None = None,
     checkpoint_seconds: float | None = 600.0,
@@ -69,7 +70,7 @@ def run_experiment(
         loop_seconds, use_tf_while_loop, jit_compile, gradient_accumulation_steps, seed,
         progress), `CheckpointSettings` (checkpoint_interval, checkpoint_seconds, warm_start,
         keep_input_positions, async_checkpoints),
-        `EvalSettings` (eval_interval, eval_steps, continuous_eval_timeout,
+        `EvalSettings` (eval_interval, eval_seconds, eval_steps, continuous_eval_timeout,
         validation_control, eval_at_start), `DistributionSettings` (strategy, cpu_devices),
         `FeatureSettings` (nan_guard, mixed_precision, ema, histogram_interval, profile_steps,
         export_at_end).

@@ -513,7 +513,9 @@ class ExperimentRunner:
             if self.mode == "train":
                 self.controller.train(train_steps)
             elif self.mode == "train_and_eval":
-                self.controller.train_and_evaluate(train_steps, eval_steps, evaluation.interval)
+                self.controller.train_and_evaluate(
+                    train_steps, eval_steps, evaluation.interval, evaluation.seconds
+                )
             elif self.evaluates_saved:
                 self._evaluate_saved(eval_steps)
             elif self.mode == "eval":

@@ -88,6 +88,10 @@ class EvalSettings:
     Attributes:
       interval: `eval_interval`: train steps between evaluations in train_and_eval (None: only
         at the end).
+      seconds: `eval_seconds`: in train_and_eval, also evaluate at the end of the first device
+        loop that ends this many seconds of training after the last evaluation (under
+        `multi_worker_mirrored`, on every worker when any worker's clock says so); None: by
+        steps only.
       steps: `eval_steps`: validation steps per evaluation; None runs the whole dataset.
       continuous_timeout: `continuous_eval_timeout`: in continuous_eval, seconds between checks
         for a new checkpoint (default 30); it stops after evaluating the one at `train_steps`.
@@ -99,6 +103,7 @@ class EvalSettings:
     """
 
     interval: int | None = 500
+    seconds: float | None = None
     steps: int | None = None
     continuous_timeout: float | None = None
     validation_control: Any = None
@@ -191,6 +196,7 @@ _FLAT = {
         EvalSettings,
         {
             "eval_interval": "interval",
+            "eval_seconds": "seconds",
             "eval_steps": "steps",
             "continuous_eval_timeout": "continuous_timeout",
             "validation_control": "validation_control",
