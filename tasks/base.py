@@ -146,7 +146,11 @@ class Task:
         """Returns the dataset of one input pipeline, batched per replica. Runs eagerly.
 
         Shard by `input_context.input_pipeline_id` when several pipelines exist (multi-worker).
-        A training dataset should repeat; a validation dataset should be finite.
+        A training dataset should repeat; a validation dataset should be finite. With
+        `training=False` it may instead return a dict `{name: dataset}` of one or more
+        validation sets (names without "/"): each is evaluated, its metrics and aggregated logs
+        started afresh, and its logs are `<name>/<key>` (e.g. `valid/loss`), its summaries
+        under `eval/<name>/` (not under `parameter_server`).
         """
         raise MissingBuilder(f"{type(self).__name__} must implement build_inputs().")
 

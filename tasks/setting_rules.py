@@ -53,9 +53,13 @@ LEARNING_RATE = Rule(
     lambda v: v is None or callable(v) or POSITIVE_NUMBER.accepts(v),
 )
 
+# None (train by `train_epochs`) is allowed; a wrong value is told "a positive integer".
+STEPS = Rule(POSITIVE_INT.expected, lambda v: v is None or POSITIVE_INT.accepts(v))
+
 # gin binding (without the `orbitask.` prefix) -> rule.
 RULES: Mapping[str, Rule] = {
-    "run_experiment.train_steps": POSITIVE_INT,
+    "run_experiment.train_steps": STEPS,
+    "run_experiment.train_epochs": POSITIVE_INT.or_none(),
     "run_experiment.global_batch_size": POSITIVE_INT,
     "run_experiment.learning_rate": LEARNING_RATE,
     "run_experiment.steps_per_loop": POSITIVE_INT,

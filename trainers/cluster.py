@@ -97,6 +97,17 @@ def every_worker(strategy: tf.distribute.Strategy, flag: bool) -> bool:
     return _replicas_with(strategy, flag) == strategy.num_replicas_in_sync
 
 
+def smallest(strategy: tf.distribute.Strategy, value: int) -> int:
+    """The smallest of every worker's `value`. Eager; under `multi_worker_mirrored` a collective
+    as in `any_worker`, else `value` itself."""
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return value
+    values = strategy.experimental_distribute_values_from_function(
+        lambda _: tf.constant([value], tf.int64)
+    )
+    return int(tf.reduce_min(strategy.gather(values, axis=0)))
+
+
 def _replicas_with(strategy: tf.distribute.Strategy, flag: bool) -> int:
     flags = strategy.experimental_distribute_values_from_function(lambda _: tf.constant(int(flag)))
     return int(strategy.reduce(tf.distribute.ReduceOp.SUM, flags, axis=None))

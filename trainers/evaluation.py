@@ -3,20 +3,25 @@
 Hook order, as the Controller drives it::
 
     evaluate(num_steps or -1):                  # with the EMA weights swapped in, if any
-      eval_begin()                              # reset eval metrics
-      device loop (the default log reduction): one tf.function runs every step in a
-        tf.while_loop, summing each log over replicas and steps on the device, until
-        `num_steps` or the end of the dataset; the sums and the count of values are the
-        state `tasks.eval_logs.aggregate` would have built
-      gathered (a task's own aggregate_logs / reduce_aggregated_logs): device loops of up to
-        100 steps return each step's per-replica logs; on the host, step by step:
+      for each validation set: the one dataset, or each of a dict {name: dataset} in its
+                               order, up to num_steps steps each; returns the set's logs,
+                               or {name: logs} for a dict
+        eval_begin()                            # reset eval metrics; a fresh state
+        device loop (the default log reduction): one tf.function runs every step in a
+          tf.while_loop, summing each log over replicas and steps on the device, until
+          `num_steps` or the end of the dataset; the sums and the count of values are the
+          state `tasks.eval_logs.aggregate` would have built
+        gathered (a task's own aggregate_logs / reduce_aggregated_logs): device loops of up
+          to 100 steps return each step's per-replica logs; on the host, step by step:
                    state = task.aggregate_logs(state, per-replica logs)   # eager
-      per-step (parameter server): each step its own tf.function call, then aggregate_logs
-      eval_end(state) = task.reduce_aggregated_logs(state) + metric results
+        per-step (parameter server, one dataset): each step its own tf.function call, then
+          aggregate_logs
+        eval_end(state) = task.reduce_aggregated_logs(state) + metric results
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -45,12 +50,16 @@ class TaskEvaluator(orbit.StandardEvaluator):
     def evaluate(self, num_steps: tf.Tensor):
         """Eager: one evaluation, with the averaged weights swapped in when EMA is on.
 
-        Returns the eval logs (`eval_end`'s).
+        Returns the eval logs (`eval_end`'s); for validation sets (`eval_dataset` a dict
+        `{name: dataset}`), `{name: logs}`, each set evaluated for up to `num_steps` steps with
+        its metrics and aggregation state started afresh (the Controller writes each set's
+        summaries under `eval/<name>/`).
         """
-        if self.ema is None:
-            return self._evaluate(num_steps)
-        with self.ema.averaged():
-            return self._evaluate(num_steps)
+        with self.ema.averaged() if self.ema is not None else contextlib.nullcontext():
+            sets = self.eval_dataset
+            if not isinstance(sets, dict):
+                return self._evaluate(num_steps, sets)
+            return {name: self._evaluate(num_steps, data, name) for name, data in sets.items()}
 
     def reduces_on_device(self) -> bool:
         """Returns whether the logs are summed on the device: True when the task keeps the
@@ -62,13 +71,15 @@ class TaskEvaluator(orbit.StandardEvaluator):
             and task.reduce_aggregated_logs is Task.reduce_aggregated_logs
         )
 
-    def _evaluate(self, num_steps):
-        if not self.device_eval_loop:
+    def _evaluate(self, num_steps, dataset, name: str | None = None):
+        """One evaluation of `dataset` (the validation set `name`, or None for the one);
+        returns its logs. Eager."""
+        if not self.device_eval_loop:  # parameter_server: one dataset, `eval_dataset`
             return super().evaluate(num_steps)
         if not self.reduces_on_device():
-            return self._evaluate_gathered(num_steps)
+            return self._evaluate_gathered(num_steps, dataset, name)
         self.eval_begin()
-        iterator = iter(self.eval_dataset)
+        iterator = iter(dataset)
         if getattr(self, "_eval_device_fns", None) is None:
             self._eval_device_fns = (tf.function(self._first_sums), tf.function(self._sums_loop))
         first, loop = self._eval_device_fns
@@ -78,17 +89,17 @@ class TaskEvaluator(orbit.StandardEvaluator):
         try:
             sums = first(iterator)
         except (tf.errors.OutOfRangeError, StopIteration) as e:
-            raise empty_validation_error(self.task) from e
+            raise empty_validation_error(self.task, name) from e
         sums, steps = loop(iterator, sums, tf.constant(limit - 1))
         state = {key: value.numpy() for key, value in sums.items()}
         state[eval_logs.VALUES] = int(steps.numpy() + 1) * self.strategy.num_replicas_in_sync
         return self.eval_end(state)
 
-    def _evaluate_gathered(self, num_steps):
+    def _evaluate_gathered(self, num_steps, dataset, name: str | None):
         """A task's own log reduction: device loops of up to `GATHER_STEPS` steps return every
         step's per-replica logs, which are folded in by `eval_reduce` on the host, step by step."""
         state = self.eval_begin()
-        iterator = iter(self.eval_dataset)
+        iterator = iter(dataset)
         if getattr(self, "_eval_gather_fns", None) is None:
             self._eval_gather_fns = (tf.function(self.eval_step), tf.function(self._gather_loop))
         first, loop = self._eval_gather_fns
@@ -99,7 +110,7 @@ class TaskEvaluator(orbit.StandardEvaluator):
                 outputs = first(iterator)
             except (tf.errors.OutOfRangeError, StopIteration) as e:
                 if not evaluated:
-                    raise empty_validation_error(self.task) from e
+                    raise empty_validation_error(self.task, name) from e
                 break
             evaluated = True
             leaves = [tf.convert_to_tensor(v) for v in tf.nest.flatten(outputs)]
@@ -192,14 +203,28 @@ class TaskEvaluator(orbit.StandardEvaluator):
         return logs
 
 
-def empty_validation_error(task: Any) -> ConfigError:
-    """Returns the error for a validation input without a single batch, whose metrics would
-    read 0. Eager."""
+def empty_validation_error(task: Any, name: str | None = None) -> ConfigError:
+    """Returns the error for a validation input (the validation set `name`, or None for the
+    one) without a single batch, whose metrics would read 0. Eager."""
+    which = "" if name is None else f"'s validation set {name!r}"
     return ConfigError(
-        f"{type(task).__name__}.build_inputs(training=False) yields no batches, so there is "
-        "nothing to evaluate; give the validation input at least one batch (a batch with "
+        f"{type(task).__name__}.build_inputs(training=False){which} yields no batches, so there "
+        "is nothing to evaluate; give the validation input at least one batch (a batch with "
         "drop_remainder=True needs global_batch_size / replicas examples), or use --mode=train."
     )
+
+
+def flat_set_logs(logs: dict, names: Any) -> dict:
+    """Returns `logs` of an evaluation with the logs of each validation set in `names` (a
+    `{name: logs}` entry) as `<name>/<key>` entries; other entries (e.g. Orbit's
+    `steps_per_second`) as they are. Eager."""
+    flat = {}
+    for key, value in logs.items():
+        if key in names and isinstance(value, dict):
+            flat.update({f"{key}/{inner}": item for inner, item in value.items()})
+        else:
+            flat[key] = value
+    return flat
 
 
 def check_checkpoint(path: str) -> None:

@@ -17,7 +17,8 @@ def run_experiment(
     model_dir: str = gin.REQUIRED,
     mode: str = "train_and_eval",
     eval_checkpoint: str | None = None,
-    train_steps: int = gin.REQUIRED,
+    train_steps: int | None = gin.REQUIRED,
+    train_epochs: int | None = None,
     global_batch_size: int = 64,
     learning_rate: Any = None,
     steps_per_loop: int = 100,
@@ -66,10 +67,11 @@ def run_experiment(
         `train_lib.run_experiment(params=...)` takes it: the optimizer and its schedule are the
         config's (`orbitask.ModelGardenTask(task, experiment=params)`). None: the seed's.
       **settings: every other argument is a field of one group in `settings` and is documented
-        there: `LoopSettings` (train_steps, global_batch_size, learning_rate, steps_per_loop,
-        loop_seconds, use_tf_while_loop, jit_compile, gradient_accumulation_steps, seed,
-        progress), `CheckpointSettings` (checkpoint_interval, checkpoint_seconds, warm_start,
-        keep_input_positions, async_checkpoints),
+        there: `LoopSettings` (train_steps, train_epochs, global_batch_size, learning_rate,
+        steps_per_loop, loop_seconds, use_tf_while_loop, jit_compile,
+        gradient_accumulation_steps, seed, progress), `CheckpointSettings`
+        (checkpoint_interval, checkpoint_seconds, warm_start, keep_input_positions,
+        async_checkpoints),
         `EvalSettings` (eval_interval, eval_seconds, eval_steps, continuous_eval_timeout,
         validation_control, eval_at_start), `DistributionSettings` (strategy, cpu_devices),
         `FeatureSettings` (nan_guard, mixed_precision, ema, histogram_interval, profile_steps,

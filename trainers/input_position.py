@@ -23,7 +23,10 @@ saved value is a small JSON record; what it points to depends on the input:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import fractions
 import json
+import math
 import os
 import re
 import shutil
@@ -47,6 +50,28 @@ def _say(message: str) -> None:
     print(f"orbitask: {message}", flush=True)
 
 
+@dataclasses.dataclass(frozen=True)
+class EpochLength:
+    """One epoch of this worker's training input, in steps (`run_experiment.train_epochs`).
+
+    Attributes:
+      steps: steps per epoch: whole where each epoch ends with a step (`trainers.inputs`), a
+        fraction where steps run on across epochs (an `IndexedInput`, a dataset of full
+        batches on several replica slots).
+      round_up: N epochs are `ceil(N * steps)` steps (an `IndexedInput`: every example of the
+        N epochs is trained, the last step taking a few of the next epoch's), else
+        `floor(N * steps)` (none of the next epoch's).
+    """
+
+    steps: fractions.Fraction
+    round_up: bool = False
+
+    def steps_for(self, epochs: int) -> int:
+        """The steps of `epochs` epochs. Eager."""
+        total = self.steps * epochs
+        return math.ceil(total) if self.round_up else math.floor(total)
+
+
 class UnreadablePosition(Exception):
     """A restore under `TrainInput.strict_reads` found a saved input position that is there
     but does not read back (e.g. a truncated file); the message names it."""
@@ -59,14 +84,23 @@ class TrainInput(compat.FrozenAtAsyncSave):
       iterator: the first iterator (eager, not yet read).
       global_step: the step variable, read at each save.
       examples_per_step: global examples one step takes (global batch x accumulation).
+      epoch_length: the `EpochLength` of an input of known size whose epochs are counted
+        (`run_experiment.train_epochs`), else None.
     """
 
     style = "none"
 
-    def __init__(self, iterator: Any, global_step: tf.Variable, examples_per_step: int):
+    def __init__(
+        self,
+        iterator: Any,
+        global_step: tf.Variable,
+        examples_per_step: int,
+        epoch_length: EpochLength | None = None,
+    ):
         self.iterator = iterator
         self.global_step = global_step
         self.examples_per_step = examples_per_step
+        self.epoch_length = epoch_length
         self.on_new_iterator: Callable[[Any], None] | None = None
         self._base = (0, 0)  # (step, examples taken at that step)
         self._strict = False
@@ -156,8 +190,9 @@ class IteratorInput(TrainInput):
         worker: int = 0,
         workers: int = 1,
         keep: int = 3,
+        epoch_length: EpochLength | None = None,
     ):
-        super().__init__(iterator, global_step, examples_per_step)
+        super().__init__(iterator, global_step, examples_per_step, epoch_length)
         self.rebuild = rebuild
         self.directory = os.path.join(model_dir, "input")
         self.worker, self.workers, self.keep = worker, workers, keep
@@ -247,6 +282,9 @@ class IteratorInput(TrainInput):
 class IndexedTrainInput(TrainInput):
     """An `IndexedInput`: the position is the count of global examples taken.
 
+    Its epoch is `source.size` global examples, `size / examples_per_step` steps (rounded up
+    for N epochs: `EpochLength`).
+
     Args:
       build: `start -> iterator` reading the global example stream from example `start`.
     """
@@ -254,7 +292,8 @@ class IndexedTrainInput(TrainInput):
     style = "indexed"
 
     def __init__(self, global_step, examples_per_step, build: Callable[[int], Any], source):
-        super().__init__(build(0), global_step, examples_per_step)
+        length = EpochLength(fractions.Fraction(source.size, examples_per_step), round_up=True)
+        super().__init__(build(0), global_step, examples_per_step, length)
         self.build = build
         self.source = source
 

@@ -1,4 +1,4 @@
-"""Input pipelines: the training input with its saved position, and the distributed eval dataset.
+"""Input pipelines: the training input with its saved position, and the distributed eval datasets.
 
 Training: `build_inputs(per_replica_batch_size, input_context)` is called once per worker, with
 an `input_context` naming the worker (`num_input_pipelines` = workers, `input_pipeline_id` = its
@@ -21,10 +21,27 @@ prefetch buffer doubles whenever the loop finds it empty, and every checkpoint w
 elements, same order) of `task.train_prefetch` steps' elements, fewer where they would exceed
 `task.train_prefetch_bytes`, never fewer than one step's; one deeper in the pipeline cannot be, and
 is named in a warning.
+
+Epochs (`run_experiment.train_epochs`, or `train_steps` None: one epoch): the training input's
+size gives the steps (`epoch_length`). A finite `tf.data` dataset (the user does not `.repeat()`
+it) is repeated here, after its prefetch is bounded, so the saved iterator is the repeated one.
+An epoch of E elements on S slots (local replicas x accumulation) is `ceil(E / S)` steps when the
+elements' batch dimension is unknown (batched without `drop_remainder`): a partial last element
+ends a step (`steps.ReplicaBatches`), so each epoch starts a step; exact when the epoch's last
+element is partial or S divides E (else the steps run on into the next epoch). With a static
+batch dimension (`drop_remainder`) the elements stream on across epochs, and N epochs are
+`floor(N * E / S)` steps. An `IndexedInput` epoch is its size in global examples
+(`input_position.IndexedTrainInput`).
+
+Evaluation: `build_inputs(..., training=False)` returns one finite dataset, or a dict
+`{name: dataset}` of validation sets, each distributed over the replicas like the one
+(`eval_datasets`).
 """
 
 from __future__ import annotations
 
+import fractions
+import functools
 import math
 import uuid
 from typing import Any
@@ -38,6 +55,7 @@ from orbitask.trainers import compat, random_state
 from orbitask.trainers.cluster import is_parameter_server, num_ps_workers
 from orbitask.trainers.errors import ConfigError
 from orbitask.trainers.input_position import (
+    EpochLength,
     IndexedTrainInput,
     IteratorInput,
     ShuffleSeeds,
@@ -48,7 +66,14 @@ from orbitask.trainers.input_position import (
 def _source(task: Any, per_replica: int, context, training: bool):
     """What `build_inputs` returns: a `tf.data.Dataset` (with `make_batches` applied) or an
     `IndexedInput`."""
-    dataset = task.build_inputs(per_replica, context, training=training)
+    return _checked_source(
+        task, task.build_inputs(per_replica, context, training=training), per_replica
+    )
+
+
+def _checked_source(task: Any, dataset: Any, per_replica: int):
+    """`dataset`, one input `build_inputs` returned, checked: a `tf.data.Dataset` (with
+    `make_batches` applied) or an `IndexedInput`."""
     if isinstance(dataset, IndexedInput):
         if dataset.batch_size != per_replica:
             raise ConfigError(
@@ -65,10 +90,7 @@ def _source(task: Any, per_replica: int, context, training: bool):
 
 
 def _build(task: Any, per_replica: int, context, training: bool) -> tf.data.Dataset:
-    source = _source(task, per_replica, context, training)
-    if isinstance(source, IndexedInput):
-        return source.evaluation_dataset(context)
-    return source
+    return _evaluation(_source(task, per_replica, context, training), context)
 
 
 def local_replicas(strategy: tf.distribute.Strategy) -> int:
@@ -104,12 +126,26 @@ def train_input(
     global_step: tf.Variable,
     model_dir: str,
     keep: int = 3,
+    by_epochs: bool = False,
 ) -> TrainInput:
     """This worker's training input and its position (`trainers.input_position`). Eager, in
-    scope."""
+    scope.
+
+    With `by_epochs` (`train_steps` None) its `epoch_length` is set, and a finite `tf.data`
+    dataset is repeated (module docstring).
+
+    Raises:
+      ConfigError: with `by_epochs`, for a dataset of infinite or unknown size, or under
+        `parameter_server`.
+    """
     per_replica = global_batch_size // strategy.num_replicas_in_sync
     per_step = global_batch_size * accumulation
     if is_parameter_server(strategy):
+        if by_epochs:
+            raise ConfigError(
+                "train_epochs (or train_steps None) is not available under strategy="
+                "'parameter_server'; set TRAIN_STEPS (orbitask.run_experiment.train_steps)."
+            )
         return _per_worker_input(task, strategy, per_replica, global_step, per_step)
     index, pipelines, local = input_pipeline(strategy)
     context = tf.distribute.InputContext(pipelines, index, strategy.num_replicas_in_sync)
@@ -126,6 +162,7 @@ def train_input(
     if pipelines > 1:
         warn_if_unsharded(task, per_replica, context)
     unsaved = unsaved_draws_options(task, source)
+    length = epoch_length(task, source, local * accumulation) if by_epochs else None
 
     def rebuild(dataset=None):
         if dataset is None:
@@ -133,11 +170,51 @@ def train_input(
                 dataset = _source(task, per_replica, context, training=True)
         if unsaved is not None:
             dataset = dataset.with_options(unsaved)
-        return _train_iterator(task, dataset, per_replica, local * accumulation)
+        slots = local * accumulation
+        return _train_iterator(task, dataset, per_replica, slots, repeat=length is not None)
 
     return IteratorInput(
-        rebuild(source), global_step, per_step, rebuild, model_dir, index, pipelines, keep
+        rebuild(source), global_step, per_step, rebuild, model_dir, index, pipelines, keep, length
     )
+
+
+def epoch_length(task: Any, dataset: tf.data.Dataset, slots: int) -> EpochLength:
+    """The steps of one epoch of `dataset` (this worker's per-replica batches) when a step takes
+    `slots` elements (module docstring). Eager; reads only the dataset's cardinality.
+
+    Raises:
+      ConfigError: for a dataset that repeats forever, is empty, or whose size TensorFlow
+        cannot tell.
+    """
+    batches = int(dataset.cardinality())
+    where = f"{type(task).__name__}.build_inputs(training=True)"
+    if batches == tf.data.INFINITE_CARDINALITY:
+        raise ConfigError(
+            f"{where} repeats forever, so train_epochs (or train_steps None: one epoch) has no "
+            "epoch to count; drop its .repeat() (orbitask repeats a finite dataset itself), or "
+            "set TRAIN_STEPS (orbitask.run_experiment.train_steps)."
+        )
+    if batches == tf.data.UNKNOWN_CARDINALITY:
+        raise ConfigError(
+            f"TensorFlow cannot tell how many batches {where} has (e.g. after filter), so "
+            "train_epochs (or train_steps None: one epoch) cannot be counted; end it with "
+            "dataset.apply(tf.data.experimental.assert_cardinality(n)) for its n batches, or "
+            "set TRAIN_STEPS (orbitask.run_experiment.train_steps)."
+        )
+    if batches == 0:
+        raise ConfigError(f"{where} has no batches, so it has no epoch to train; check its data.")
+    if slots > 1 and partial_elements(dataset.element_spec):
+        return EpochLength(fractions.Fraction(-(-batches // slots)))
+    return EpochLength(fractions.Fraction(batches, slots))
+
+
+def partial_elements(spec: Any) -> bool:
+    """Whether elements of `spec` may be partial batches: dense tensors whose leading dimension
+    is unknown (a dataset batched without `drop_remainder`). Eager or traced."""
+    leaves = tf.nest.flatten(spec)
+    if not leaves or not all(type(s) is tf.TensorSpec and s.shape.rank for s in leaves):
+        return False
+    return leaves[0].shape[0] is None
 
 
 def unsaved_draws_options(task: Any, dataset: tf.data.Dataset) -> tf.data.Options | None:
@@ -214,9 +291,12 @@ def train_iterator(
     return _train_iterator(task, dataset, per_replica, local * accumulation)
 
 
-def _train_iterator(task: Any, dataset: tf.data.Dataset, per_replica: int, per_step: int):
-    """An iterator over `dataset`, its final autotuned prefetch bounded (module docstring), its
-    shuffle seeds kept (`input_position.ShuffleSeeds`)."""
+def _train_iterator(
+    task: Any, dataset: tf.data.Dataset, per_replica: int, per_step: int, repeat: bool = False
+):
+    """An iterator over `dataset`, its final autotuned prefetch bounded (module docstring), then
+    repeated when `repeat` (counted epochs), its shuffle seeds kept
+    (`input_position.ShuffleSeeds`)."""
     with tf.device("/cpu:0"):
         if task.train_prefetch is not None:
             wanted = task.train_prefetch * per_step
@@ -232,6 +312,8 @@ def _train_iterator(task: Any, dataset: tf.data.Dataset, per_replica: int, per_s
                     wanted,
                 )
             dataset = bounded
+        if repeat:
+            dataset = dataset.repeat()
         return ShuffleSeeds.keep(dataset, iter(dataset))
 
 
@@ -316,23 +398,99 @@ def probe_save(iterator: tf.data.Iterator) -> None:
 
 
 def eval_dataset(task: Any, strategy: tf.distribute.Strategy, global_batch_size: int):
-    """The validation dataset, one pipeline per worker, distributed over replicas.
+    """The validation dataset (`eval_datasets`); of validation sets, the first. Eager."""
+    datasets = eval_datasets(task, strategy, global_batch_size)
+    return next(iter(datasets.values())) if isinstance(datasets, dict) else datasets
+
+
+def eval_datasets(task: Any, strategy: tf.distribute.Strategy, global_batch_size: int):
+    """The validation input, one pipeline per worker, distributed over replicas: a dataset, or
+    a dict `{name: dataset}` in `build_inputs(training=False)`'s order when it returns
+    validation sets. Eager, once; `build_inputs` is called once per pipeline either way.
 
     Under `parameter_server` a plain dataset: the coordinator evaluates it itself; with one
-    replica a plain dataset too (a distributed one adds a copy per batch).
+    replica a plain dataset too (a distributed one adds a copy per batch). A dict's sets are
+    distributed one by one from the dict that one call of `build_inputs` returned.
+
+    Raises:
+      ConfigError: for an empty dict, a set name that is not a string without "/", a set that
+        is neither a `tf.data.Dataset` nor an `IndexedInput`, or validation sets under
+        `parameter_server`.
     """
     per_replica = global_batch_size // strategy.num_replicas_in_sync
     if is_parameter_server(strategy):
-        return _build(task, per_replica, None, training=False)
+        built = _eval_input(task, per_replica, None)
+        if isinstance(built, dict):
+            raise ConfigError(
+                f"{type(task).__name__}.build_inputs(training=False) returned validation sets "
+                f"{sorted(built)}, which strategy='parameter_server' does not evaluate; return "
+                "one tf.data.Dataset there, or use another run_experiment.strategy."
+            )
+        return built
     if strategy.num_replicas_in_sync == 1:  # one replica: a plain dataset, as for training
         with tf.device("/cpu:0"):
-            return _build(task, per_replica, tf.distribute.InputContext(1, 0, 1), training=False)
+            return _eval_input(task, per_replica, tf.distribute.InputContext(1, 0, 1))
+    built: dict = {}  # input_pipeline_id -> what build_inputs returned there, checked
 
-    def dataset_fn(context):
-        return _build(task, per_replica, context, training=False)
+    def dataset_fn(name, context):
+        pipeline = context.input_pipeline_id
+        if pipeline not in built:
+            built[pipeline] = _eval_input(task, per_replica, context)
+        value = built[pipeline]
+        if not isinstance(value, dict):
+            return value
+        return value[next(iter(value)) if name is None else name]
 
     options = tf.distribute.InputOptions(experimental_fetch_to_device=True)
-    return strategy.distribute_datasets_from_function(dataset_fn, options)
+    first = strategy.distribute_datasets_from_function(functools.partial(dataset_fn, None), options)
+    sets = next(iter(built.values()))
+    if not isinstance(sets, dict):
+        return first
+    names = list(sets)
+    rest = {
+        name: strategy.distribute_datasets_from_function(
+            functools.partial(dataset_fn, name), options
+        )
+        for name in names[1:]
+    }
+    return {names[0]: first, **rest}
+
+
+def _eval_input(task: Any, per_replica: int, context) -> Any:
+    """What `build_inputs(training=False)` returns for `context`, checked, each `IndexedInput`
+    made its evaluation dataset: a dataset, or a dict of them (validation sets). Eager."""
+    value = task.build_inputs(per_replica, context, training=False)
+    if not isinstance(value, dict):
+        return _evaluation(_checked_source(task, value, per_replica), context)
+    where = f"{type(task).__name__}.build_inputs(training=False)"
+    if not value:
+        raise ConfigError(
+            f"{where} returned an empty dict; return a tf.data.Dataset, or a dict of one or more "
+            "validation sets {name: tf.data.Dataset} (e.g. {'valid': ..., 'test': ...}), or use "
+            "--mode=train."
+        )
+    for name, dataset in value.items():
+        if not isinstance(name, str) or not name or "/" in name:
+            raise ConfigError(
+                f"{where} returned a validation set named {name!r}; name each set with a "
+                "non-empty string without '/' (its logs are '<name>/<key>')."
+            )
+        if not isinstance(dataset, (tf.data.Dataset, IndexedInput)):
+            raise ConfigError(
+                f"{where} returned validation set {name!r} as a {type(dataset).__name__}; each "
+                "value of its dict must be a tf.data.Dataset or an orbitask.IndexedInput."
+            )
+    return {
+        name: _evaluation(_checked_source(task, dataset, per_replica), context)
+        for name, dataset in value.items()
+    }
+
+
+def _evaluation(source: Any, context) -> tf.data.Dataset:
+    """A checked validation source as a dataset (an `IndexedInput`'s evaluation dataset)."""
+    if isinstance(source, IndexedInput):
+        return source.evaluation_dataset(context)
+    return source
 
 
 def _per_worker_input(task, strategy, per_replica, global_step, per_step) -> TrainInput:

@@ -10,6 +10,7 @@ the time to trace the step function.
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -38,6 +39,8 @@ class ProgressAction:
       clock: a `time.monotonic`-like function (injectable for tests).
       current_step: `current_step() -> int` after a loop (saves a read of `global_step`, an
         eager op); None reads the variable.
+      epochs: `train_epochs`, when training counts epochs: the line shows the epoch the last
+        step belongs to (`epoch 2/3`), taking `total_steps` as that many epochs.
     """
 
     def __init__(
@@ -48,8 +51,10 @@ class ProgressAction:
         interval_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
         current_step: Callable[[], int] | None = None,
+        epochs: int | None = None,
     ):
         self.global_step = global_step
+        self.epochs = epochs
         self.current_step = current_step or (lambda: int(global_step.numpy()))
         self.total_steps = total_steps
         self.stream = stream or sys.stdout
@@ -86,7 +91,11 @@ class ProgressAction:
         eta = _format_eta((self.total_steps - step) / rate) if rate else "?"
         losses = callbacks.loss_logs(logs)
         loss_text = "".join(f" | {name} {value:.4g}" for name, value in losses.items())
-        return f"step {step}/{self.total_steps} | {rate:.1f} steps/s | ETA {eta}{loss_text}"
+        epoch = ""
+        if self.epochs:  # the epoch of step `step` (steps 1..total/epochs: epoch 1)
+            current = min(self.epochs, max(1, math.ceil(step * self.epochs / self.total_steps)))
+            epoch = f" | epoch {current}/{self.epochs}"
+        return f"step {step}/{self.total_steps}{epoch} | {rate:.1f} steps/s | ETA {eta}{loss_text}"
 
     def __call__(self, train_output: dict) -> None:
         """Shows the line after a device loop (an Orbit train action, eager); returns None."""

@@ -212,6 +212,7 @@ class ExperimentRunner:
         with self.strategy.scope():
             self._build_objects()
             self.train_input = self._build_train_input() if self.training else None
+            self.train_steps = self._train_steps()
             self._build_summaries()
             self.callbacks = self._build_callbacks()
             self.checkpoint, self.manager = self._build_checkpoint()
@@ -266,11 +267,34 @@ class ExperimentRunner:
         loop, keep = self.settings.loop, self.settings.checkpoints.input_positions
         batch = loop.global_batch_size
         per_step = (batch, loop.gradient_accumulation_steps)
+        by_epochs = loop.train_steps is None
         train_input = inputs.train_input(
-            self.task, self.strategy, *per_step, self.global_step, self.model_dir, keep
+            self.task, self.strategy, *per_step, self.global_step, self.model_dir, keep, by_epochs
         )
         objects = (self.model, self.loss_fn, self.lr, self.optimizer, self.train_metrics, batch)
         return validation.checked_train_input(self.task, self.strategy, train_input, objects)
+
+    def _train_steps(self) -> int | None:
+        """The step training stops at: `train_steps`, or else `train_epochs` (default one) epochs
+        of the training input, the fewest of any worker's, said in one line. Eager.
+
+        Raises:
+          ConfigError: when the epochs come to no step.
+        """
+        loop = self.settings.loop
+        if loop.train_steps is not None or not self.training:
+            return loop.train_steps
+        epochs, length = loop.train_epochs or 1, self.train_input.epoch_length
+        steps = cluster.smallest(self.strategy, length.steps_for(epochs))
+        if steps < 1:
+            raise ConfigError(
+                f"train_epochs={epochs} of {float(length.steps):.3g} steps each is no step; "
+                "raise orbitask.run_experiment.train_epochs or lower global_batch_size."
+            )
+        if self.chief:
+            per_epoch = f"{float(length.steps):.4g} steps per epoch"
+            print(f"orbitask: {epochs} epoch(s) = {steps} train steps ({per_epoch})", flush=True)
+        return steps
 
     def _build_summaries(self) -> None:
         model_dir, chief = self.model_dir, self.chief
@@ -348,10 +372,19 @@ class ExperimentRunner:
         return checkpoint, cluster.for_this_worker(manager, self.strategy)
 
     def _build_eval_input(self):
-        batch = self.settings.loop.global_batch_size
-        dataset = inputs.eval_dataset(self.task, self.strategy, batch)
-        validation.check_finite_eval(self.task, dataset, self.settings.evaluation.steps)
-        return dataset
+        """The validation dataset, or a dict `{name: dataset}` of validation sets, each
+        checked to end (or to have `eval_steps`) and to have a batch."""
+        batch, steps = self.settings.loop.global_batch_size, self.settings.evaluation.steps
+        datasets = inputs.eval_datasets(self.task, self.strategy, batch)
+        if not isinstance(datasets, dict):
+            validation.check_finite_eval(self.task, datasets, steps)
+            return datasets
+        for name, dataset in datasets.items():
+            try:
+                validation.check_finite_eval(self.task, dataset, steps)
+            except ConfigError as e:
+                raise ConfigError(f"validation set {name!r}: {e}") from None
+        return datasets
 
     def _build_trainer(self) -> TaskTrainer:
         loop, features = self.settings.loop, self.settings.features
@@ -394,7 +427,10 @@ class ExperimentRunner:
         self.progress = None
         if self.settings.loop.progress and self.chief:
             self.progress = ProgressAction(
-                self.global_step, self.settings.loop.train_steps, current_step=self._step_now
+                self.global_step,
+                self.train_steps,
+                current_step=self._step_now,
+                epochs=self.settings.loop.train_epochs,
             )
             actions.append(self.progress)
         self.profiler = None
@@ -427,7 +463,7 @@ class ExperimentRunner:
                     ema=self.settings.features.ema,
                     strategy=self.strategy,
                     trainer=self.trainer,
-                    train_steps=self.settings.loop.train_steps if self.training else None,
+                    train_steps=self.train_steps if self.training else None,
                 )
             )
         actions.append(self.preemption)  # last: after the evaluation's record and best export
@@ -496,7 +532,8 @@ class ExperimentRunner:
         self.results["train"] = dict(output)
 
     def _keep_eval_logs(self, output: dict) -> None:
-        self.results["eval"] = dict(output)
+        sets = self.eval_dataset if isinstance(self.eval_dataset, dict) else ()
+        self.results["eval"] = evaluation.flat_set_logs(output, sets)  # "<set>/<key>"
 
     def _run_mode(self) -> dict:
         control = self.settings.evaluation.validation_control
@@ -506,7 +543,7 @@ class ExperimentRunner:
             self.profiler.start_if_due(self._step_now())
         if self.training and control is not None and control.stopped():
             raise EarlyStop(f"already stopped early at step {int(self.global_step.numpy())}")
-        train_steps = self.settings.loop.train_steps
+        train_steps = self.train_steps
         evaluation = self.settings.evaluation
         eval_steps = evaluation.steps or -1
         with step_errors.named_by_step(self.global_step, self.manager, train_steps):
@@ -525,7 +562,10 @@ class ExperimentRunner:
                 self.controller.evaluate_continuously(
                     eval_steps,
                     timeout=evaluation.continuous_timeout or 30,
-                    timeout_fn=lambda: int(self.global_step.numpy()) >= train_steps,
+                    # By epochs (train_steps None) the last step is unknown here: it polls on.
+                    timeout_fn=lambda: (
+                        train_steps is not None and int(self.global_step.numpy()) >= train_steps
+                    ),
                     waiting=self.preemption.waiting,  # SIGTERM ends a wait at once
                 )
         self._export_at_end()

@@ -22,7 +22,13 @@ class LoopSettings:
     """How training steps run: length, batch, learning rate, device loops, compilation.
 
     Attributes:
-      train_steps: the global step training stops at.
+      train_steps: the global step training stops at; None: `train_epochs` epochs of the
+        training input (one epoch when that is None too).
+      train_epochs: train this many epochs of a training input of known size (an
+        `IndexedInput`, or a finite `tf.data` dataset, which orbitask then repeats itself):
+        `train_steps` is computed from it when the input is built (`inputs.epoch_length`),
+        the fewest of any worker's. Only with `train_steps` None; a `continuous_eval` job
+        beside such a run does not know its last step and polls until it is stopped.
       global_batch_size: one step's batch over all replicas; `build_inputs` gets
         `global_batch_size / num_replicas_in_sync`.
       learning_rate: the rate (float), or a `step -> rate` schedule such as
@@ -41,7 +47,7 @@ class LoopSettings:
       progress: show the progress display.
     """
 
-    train_steps: int
+    train_steps: int | None
     global_batch_size: int = 64
     learning_rate: Any = None
     steps_per_loop: int = 100
@@ -51,6 +57,7 @@ class LoopSettings:
     gradient_accumulation_steps: int = 1
     seed: int | None = None
     progress: bool = True
+    train_epochs: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,11 +172,14 @@ class Settings:
 
     @classmethod
     def from_flat(cls, **flat: Any) -> Settings:
-        """Groups `run_experiment`'s keyword arguments (all but task, model_dir, mode). Eager;
-        returns the Settings."""
+        """Groups `run_experiment`'s keyword arguments (all but task, model_dir, mode; one left
+        out keeps its group's default). Eager; returns the Settings."""
+        if flat.get("train_epochs") is not None and flat.get("train_steps") is gin.REQUIRED:
+            flat["train_steps"] = None  # epochs set: TRAIN_STEPS need not be
         groups = {}
         for field, (group, names) in _FLAT.items():
-            groups[field] = group(**{short: flat.pop(name) for name, short in names.items()})
+            given = {short: flat.pop(name) for name, short in names.items() if name in flat}
+            groups[field] = group(**given)
         if flat:
             raise ConfigError(f"unknown settings {sorted(flat)}; see run_experiment's arguments.")
         return cls(**groups)
@@ -233,13 +243,20 @@ def check(task: Any, model_dir: Any, mode: str, settings: Settings) -> None:
         if value is gin.REQUIRED:
             raise ConfigError(
                 f"`{name}` is required and not set: bind it in your experiment's .gin file "
-                "(TASK, TRAIN_STEPS) or pass it to run_experiment."
+                "(TASK, TRAIN_STEPS, or orbitask.run_experiment.train_epochs) or pass it to "
+                "run_experiment."
             )
     if mode not in MODES:
         raise ConfigError(
             f"`mode` must be one of {', '.join(MODES)}; received {mode!r}. Use --mode."
         )
     setting_rules.check("run_experiment", flat(settings))
+    if loop.train_steps is not None and loop.train_epochs is not None:
+        raise ConfigError(
+            f"Set train_steps or train_epochs, not both; received train_steps={loop.train_steps} "
+            f"and train_epochs={loop.train_epochs}. Set TRAIN_STEPS = None in your experiment's "
+            ".gin file to train by epochs, or unset orbitask.run_experiment.train_epochs."
+        )
     if features.profile_steps is not None:
         profiling.check(features.profile_steps)
     if features.mixed_precision not in (None, "mixed_float16", "mixed_bfloat16"):

@@ -22,7 +22,7 @@ from typing import Any
 import tensorflow as tf
 
 from orbitask.tasks import keras_compat
-from orbitask.trainers.inputs import local_replicas
+from orbitask.trainers.inputs import local_replicas, partial_elements
 
 
 @dataclasses.dataclass
@@ -90,10 +90,7 @@ class ReplicaBatches:
         spec = getattr(iterator, "element_spec", None)
         if self.per_replica is None or spec is None:
             return False
-        leaves = tf.nest.flatten(spec)
-        if not leaves or not all(type(s) is tf.TensorSpec and s.shape.rank for s in leaves):
-            return False
-        return leaves[0].shape[0] is None
+        return partial_elements(spec)
 
     def _take_until_partial(self, iterator, slots: int) -> list:
         """`slots` elements: taken while the ones before were full, then empty. Traced."""

@@ -37,7 +37,8 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
       step: the composed train step (`steps.TrainStep`).
       train_iterator: a plain `tf.data` iterator yielding one per-replica batch per `next`; each
         step takes one batch per local replica, so it can be checkpointed (exact resume).
-      eval_dataset: a distributed dataset for `validation_step`, or None.
+      eval_dataset: a distributed dataset for `validation_step`, a dict `{name: dataset}` of
+        validation sets (each evaluated in turn, `TaskEvaluator.evaluate`), or None.
       use_tf_while_loop: run each device loop as one `tf.while_loop` (default) or a Python loop.
       nan_guard: the built `trainers.NanGuard` of the step, or None: a tripped guard ends the
         device loop early.

@@ -43,7 +43,8 @@ class ValidationControl:
     """What to do when a validation is not better than the best so far.
 
     Args:
-      metric: the eval log to watch (nested keys joined with "|"), e.g. "loss" or "accuracy".
+      metric: the eval log to watch (nested keys joined with "|"), e.g. "loss" or "accuracy";
+        of validation sets (`Task.build_inputs`), one set's, e.g. "valid/accuracy".
       higher_is_better: True for accuracy-like metrics.
       halve_lr_on_worse: multiply the learning rate by `lr_multiplier` after a worse validation.
       lr_multiplier: nabu halves (0.5).
@@ -333,13 +334,36 @@ def _state(value, dtype, name: str) -> tf.Variable:
 
 
 def _check_metric(logs: dict, metric: str) -> float:
-    """Returns the value of `metric` in `logs`; raises ConfigError when it is not there."""
+    """Returns the value of `metric` in `logs`; raises ConfigError when it is not there.
+
+    Nested keys are joined with "|"; a validation set's log is `<set>/<key>` (its logs are the
+    entry `{set: logs}` of the evaluation's, `trainers.evaluation`)."""
     node: Any = logs
     for key in metric.split("|"):
-        if not isinstance(node, dict) or key not in node:
+        node = _entry(node, key)
+        if node is None:
             raise ConfigError(
                 f"ValidationControl.metric {metric!r} is not in the eval logs (keys: "
-                f"{sorted(logs)}); set it to one of them in your .gin file."
+                f"{_names(logs)}); set it to one of them in your .gin file."
             )
-        node = node[key]
     return float(np.asarray(node))
+
+
+def _entry(node: Any, key: str) -> Any:
+    """`node[key]`, or for `<set>/<rest>` the entry `rest` of the dict `node[set]`; None when
+    neither is there."""
+    if not isinstance(node, dict):
+        return None
+    if key in node:
+        return node[key]
+    head, _, rest = key.partition("/")
+    return _entry(node.get(head), rest) if rest else None
+
+
+def _names(logs: dict) -> list[str]:
+    """The keys of `logs`, a validation set's as `<set>/<key>`, sorted."""
+    return sorted(
+        f"{key}/{inner}" if isinstance(value, dict) else key
+        for key, value in logs.items()
+        for inner in (value if isinstance(value, dict) else [None])
+    )
