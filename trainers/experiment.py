@@ -66,16 +66,14 @@ def run_experiment(
       params: for a Model Garden `task`, its `ExperimentConfig`, as Model Garden's
         `train_lib.run_experiment(params=...)` takes it: the optimizer and its schedule are the
         config's (`orbitask.ModelGardenTask(task, experiment=params)`). None: the seed's.
-      **settings: every other argument is a field of one group in `settings` and is documented
+      **settings: every other argument is a field of one group in `settings`, documented
         there: `LoopSettings` (train_steps, train_epochs, global_batch_size, learning_rate,
-        steps_per_loop, loop_seconds, use_tf_while_loop, jit_compile,
-        gradient_accumulation_steps, seed, progress), `CheckpointSettings`
-        (checkpoint_interval, checkpoint_seconds, warm_start, keep_input_positions,
-        async_checkpoints),
-        `EvalSettings` (eval_interval, eval_seconds, eval_steps, continuous_eval_timeout,
-        validation_control, eval_at_start), `DistributionSettings` (strategy, cpu_devices),
-        `FeatureSettings` (nan_guard, mixed_precision, ema, histogram_interval, profile_steps,
-        export_at_end).
+        steps_per_loop, loop_seconds, use_tf_while_loop, jit_compile, gradient_accumulation_steps,
+        seed, progress), `CheckpointSettings` (checkpoint_interval, checkpoint_seconds,
+        warm_start, keep_input_positions, async_checkpoints), `EvalSettings` (eval_interval,
+        eval_seconds, eval_steps, continuous_eval_timeout, validation_control, eval_at_start),
+        `DistributionSettings` (strategy, cpu_devices), `FeatureSettings` (nan_guard,
+        mixed_precision, ema, histogram_interval, profile_steps, export_at_end).
 
     Returns:
       `{"train": last train logs, "eval": last eval logs}` (Python floats / NumPy arrays), and
