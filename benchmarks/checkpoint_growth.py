@@ -6,7 +6,7 @@ The checkpoint holds the input position as the saved `tf.data` iterator, buffers
 autotuned `prefetch(tf.data.AUTOTUNE)` doubles its buffer whenever the training loop finds it
 empty (most often when input-bound), up to tf.data's RAM budget, and every checkpoint saves the
 whole buffer (tf.data's symbolic checkpointing leaves it out but slows the pipeline 5x, see
-trainers/inputs.py). orbitask replaces a final `prefetch(tf.data.AUTOTUNE)` by
+trainers/engine/inputs.py). orbitask replaces a final `prefetch(tf.data.AUTOTUNE)` by
 `prefetch(Task.train_prefetch)` (4); `train_prefetch=None` keeps the autotuned buffer. Prints
 the size of every kept checkpoint for: the autotuned buffer kept, the same pipeline with
 orbitask's default, and a pipeline written with `prefetch(2)` (default configuration but a
@@ -103,7 +103,7 @@ def big_batches() -> int:
     import tensorflow as tf
 
     from orbitask.tasks import Task
-    from orbitask.trainers import inputs
+    from orbitask.trainers.engine import inputs
 
     class Images(Task):
         def build_inputs(self, per_replica_batch_size, input_context=None, training=True):

@@ -29,8 +29,8 @@ def timed_run(model_dir: str, hidden: tuple, steps: int, every: int, asynchronou
     import tensorflow as tf
 
     from orbitask import DigitsClassification
-    from orbitask.trainers.runner import ExperimentRunner
-    from orbitask.trainers.settings import Settings
+    from orbitask.trainers.run.runner import ExperimentRunner
+    from orbitask.trainers.run.settings import Settings
 
     stalls, waits = [], []
 

@@ -134,7 +134,7 @@ def run_orbitask(
 
     from benchmarks.bench_task import BenchTask
     from orbitask.trainers import run_experiment
-    from orbitask.trainers.train import parse_gin
+    from orbitask.trainers.commands.train import parse_gin
 
     bindings = [
         f"TRAIN_STEPS = {workload.window * (windows + 1)}",

@@ -34,11 +34,11 @@ def build_orbitask(workload, model_dir: str, own_aggregate: bool = False):
     a Python-side `aggregate_logs` (the default's arithmetic, on the host). Eager."""
     import gin
 
-    import orbitask.trainers.experiment
-    import orbitask.trainers.runner
+    import orbitask.trainers.run.experiment
+    import orbitask.trainers.run.runner
     from benchmarks.bench_task import BenchTask
     from orbitask.tasks import eval_logs
-    from orbitask.trainers.train import parse_gin
+    from orbitask.trainers.commands.train import parse_gin
 
     class OwnAggregate(BenchTask):
         def aggregate_logs(self, state, step_logs):
@@ -46,7 +46,7 @@ def build_orbitask(workload, model_dir: str, own_aggregate: bool = False):
 
     built = []
 
-    class Recorded(orbitask.trainers.runner.Controller):
+    class Recorded(orbitask.trainers.run.runner.Controller):
         def __init__(self, **kwargs):
             super().__init__(**kwargs)
             built.append(self)
@@ -60,16 +60,19 @@ def build_orbitask(workload, model_dir: str, own_aggregate: bool = False):
             "orbitask.run_experiment.progress = False",
         ],
     )
-    original, orbitask.trainers.runner.Controller = orbitask.trainers.runner.Controller, Recorded
+    original, orbitask.trainers.run.runner.Controller = (
+        orbitask.trainers.run.runner.Controller,
+        Recorded,
+    )
     try:
         task = (OwnAggregate if own_aggregate else BenchTask)(
             workload.name, lambda: None, [], callbacks=False
         )
-        orbitask.trainers.experiment.run_experiment(
+        orbitask.trainers.run.experiment.run_experiment(
             task=task, model_dir=model_dir, mode="train_and_eval"
         )
     finally:
-        orbitask.trainers.runner.Controller = original
+        orbitask.trainers.run.runner.Controller = original
         gin.clear_config()
     return built[0].trainer
 

@@ -37,10 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks import workloads
     from benchmarks.bench_task import BenchTask
     from orbitask.trainers import TaskTrainer, run_experiment
-    from orbitask.trainers.callback_runner import CallbackAction
-    from orbitask.trainers.controller import Controller
-    from orbitask.trainers.progress import ProgressAction
-    from orbitask.trainers.summaries import LoopSummaryManager
+    from orbitask.trainers.actions.callback_action import CallbackAction
+    from orbitask.trainers.actions.progress import ProgressAction
+    from orbitask.trainers.actions.summaries import LoopSummaryManager
+    from orbitask.trainers.run.controller import Controller
 
     times: dict[str, list[float]] = {}
 

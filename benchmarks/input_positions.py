@@ -107,7 +107,7 @@ def indexed_record(paths, labels) -> tuple[int, float]:
     import tensorflow as tf
 
     from orbitask import IndexedInput
-    from orbitask.trainers.input_position import IndexedTrainInput
+    from orbitask.trainers.state.input_position import IndexedTrainInput
 
     source = IndexedInput.from_files(paths, labels, BATCH, map_fn=lambda x: decode(*x), seed=1)
     step = tf.Variable(100_000, dtype=tf.int64)

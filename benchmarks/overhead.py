@@ -43,14 +43,14 @@ def build_orbitask(workload, steps_per_call: int, model_dir: str, quiet: bool = 
     """
     import gin
 
-    import orbitask.trainers.experiment
-    import orbitask.trainers.runner
+    import orbitask.trainers.run.experiment
+    import orbitask.trainers.run.runner
     from benchmarks.bench_task import BenchTask
-    from orbitask.trainers.train import parse_gin
+    from orbitask.trainers.commands.train import parse_gin
 
     built = []
 
-    class Recorded(orbitask.trainers.runner.Controller):
+    class Recorded(orbitask.trainers.run.runner.Controller):
         def __init__(self, **kwargs):
             super().__init__(**kwargs)
             built.append(self)
@@ -64,12 +64,17 @@ def build_orbitask(workload, steps_per_call: int, model_dir: str, quiet: bool = 
             f"orbitask.run_experiment.progress = {not quiet}",
         ],
     )
-    original, orbitask.trainers.runner.Controller = orbitask.trainers.runner.Controller, Recorded
+    original, orbitask.trainers.run.runner.Controller = (
+        orbitask.trainers.run.runner.Controller,
+        Recorded,
+    )
     try:
         task = BenchTask(workload.name, lambda: None, [], callbacks=not quiet)
-        orbitask.trainers.experiment.run_experiment(task=task, model_dir=model_dir, mode="train")
+        orbitask.trainers.run.experiment.run_experiment(
+            task=task, model_dir=model_dir, mode="train"
+        )
     finally:
-        orbitask.trainers.runner.Controller = original
+        orbitask.trainers.run.runner.Controller = original
         gin.clear_config()
     return built[0]
 

@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks import workloads
     from benchmarks.bench_task import BenchTask
     from orbitask.trainers import run_experiment
-    from orbitask.trainers.train import parse_gin
+    from orbitask.trainers.commands.train import parse_gin
 
     profile = cProfile.Profile()
     started = []

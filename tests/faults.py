@@ -33,7 +33,7 @@ def command(model_dir, replicas=1, steps=600, extra=()):
     cmd = [
         sys.executable,
         "-m",
-        "orbitask.trainers.train",
+        "orbitask.trainers.commands.train",
         "--gin_file=experiments/digits.gin",
         f"--model_dir={model_dir}",
         "--mode=train",

@@ -20,7 +20,7 @@ import tensorflow as tf
 from tests import faults
 
 REPO = Path(__file__).resolve().parents[1]
-# Run as a script, the launcher imports no TensorFlow (`python -m orbitask.trainers.launch`
+# Run as a script, the launcher imports no TensorFlow (`python -m orbitask.trainers.commands.launch`
 # imports the package, hence TensorFlow: seconds of CPU per job on a 2-core machine).
 LAUNCHER = REPO / "trainers" / "launch.py"
 

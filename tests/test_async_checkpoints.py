@@ -14,9 +14,10 @@ import keras
 import pytest
 import tensorflow as tf
 
-from orbitask.trainers import checkpoints, compat, run_experiment
+from orbitask.trainers import compat, run_experiment
 from orbitask.trainers.errors import ConfigError
-from orbitask.trainers.input_position import IteratorInput
+from orbitask.trainers.state import checkpoints
+from orbitask.trainers.state.input_position import IteratorInput
 from tests import faults
 from tests.helpers import TinyTask
 

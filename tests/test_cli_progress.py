@@ -6,7 +6,7 @@ import sys
 import pytest
 import tensorflow as tf
 
-from orbitask.trainers.progress import ProgressAction
+from orbitask.trainers.actions.progress import ProgressAction
 
 
 class Clock:

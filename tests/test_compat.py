@@ -18,7 +18,7 @@ from absl import logging
 from tensorflow.python.eager import context as eager_context
 
 from orbitask.trainers import compat
-from orbitask.trainers.controller import Controller
+from orbitask.trainers.run.controller import Controller
 
 
 class _Adapter(Controller):
@@ -205,7 +205,7 @@ def test_dataset_helpers_see_an_autotuned_prefetch_under_options():
 def test_including_the_defaults_from_another_directory_logs_no_false_error(
     tmp_path, monkeypatch, caplog
 ):
-    from orbitask.trainers.train import parse_gin
+    from orbitask.trainers.commands.train import parse_gin
 
     monkeypatch.chdir(tmp_path)
     with caplog.at_level("INFO"):

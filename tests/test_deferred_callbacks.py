@@ -9,8 +9,8 @@ import tensorflow as tf
 
 from orbitask.tasks import callbacks, deferred
 from orbitask.trainers import TaskTrainer, run_experiment
-from orbitask.trainers.report import read_events
-from orbitask.trainers.summaries import LoopSummaryManager
+from orbitask.trainers.actions.summaries import LoopSummaryManager
+from orbitask.trainers.commands.report import read_events
 from tests.helpers import Recorder, TinyTask
 
 

@@ -11,7 +11,8 @@ import numpy as np
 import tensorflow as tf
 
 from orbitask import Task
-from orbitask.trainers import input_position, inputs
+from orbitask.trainers.engine import inputs
+from orbitask.trainers.state import input_position
 
 N = 45  # examples per epoch: 11 batches of 4 and one of 1
 BATCH = 4

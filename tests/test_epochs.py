@@ -12,9 +12,10 @@ import pytest
 import tensorflow as tf
 
 from orbitask import IndexedInput
-from orbitask.trainers import inputs, run_experiment
+from orbitask.trainers import run_experiment
+from orbitask.trainers.actions.progress import ProgressAction
+from orbitask.trainers.engine import inputs
 from orbitask.trainers.errors import ConfigError
-from orbitask.trainers.progress import ProgressAction
 from tests.helpers import TinyTask
 
 

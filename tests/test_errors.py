@@ -61,7 +61,7 @@ def test_the_binary_prints_the_users_traceback_and_exits_1(tmp_path):
     )
     env = dict(os.environ, PYTHONPATH=REPO, CUDA_VISIBLE_DEVICES="")
     result = subprocess.run(
-        [sys.executable, "-m", "orbitask.trainers.train", "--gin_file=buggy.gin",
+        [sys.executable, "-m", "orbitask.trainers.commands.train", "--gin_file=buggy.gin",
          f"--model_dir={tmp_path / 'run'}", "--mode=train"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -195,7 +195,7 @@ def test_the_binary_keeps_the_users_exception_and_traceback(
         "orbitask.run_experiment.progress = False\n"
     )
     from orbitask.tasks.errors import MissingBuilder
-    from orbitask.trainers import train
+    from orbitask.trainers.commands import train
 
     argv = [f"--gin_file={tmp_path / 'user.gin'}", f"--model_dir={tmp_path / 'run'}"]
     with pytest.raises(error) as info:
@@ -226,7 +226,7 @@ def test_the_binary_keeps_the_users_exception_and_traceback(
     ids=["learning_rate_str", "negative_learning_rate", "max_to_keep_str"],
 )
 def test_the_binary_refuses_a_bad_setting_in_one_line(tmp_path, capsys, binding, expected):
-    from orbitask.trainers import train
+    from orbitask.trainers.commands import train
 
     status = train.main(
         [f"--gin_file={REPO}/experiments/digits.gin", f"--model_dir={tmp_path / 'run'}",

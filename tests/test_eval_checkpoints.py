@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from orbitask.trainers import ConfigError, run_experiment, train
-from orbitask.trainers.model_dir_lock import LOCK_FILE, FileLock
+from orbitask.trainers import ConfigError, run_experiment
+from orbitask.trainers.commands import train
+from orbitask.trainers.state.model_dir_lock import LOCK_FILE, FileLock
 from tests.helpers import TinyTask
 
 B = 16

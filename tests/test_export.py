@@ -15,14 +15,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from orbitask.trainers import (
-    ValidationControl,
-    cli,
-    export,
-    run_experiment,
-    saved_model,
-    train,
-)
+from orbitask.trainers import ValidationControl, run_experiment
+from orbitask.trainers.commands import cli, export, train
+from orbitask.trainers.state import saved_model
 from tests.helpers import TinyTask
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

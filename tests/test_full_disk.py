@@ -15,7 +15,7 @@ import uuid
 import pytest
 import tensorflow as tf
 
-from orbitask.trainers import export, train
+from orbitask.trainers.commands import export, train
 from tests import faults, launching
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -7,7 +7,8 @@ import pytest
 import tensorflow as tf
 
 from orbitask.tasks import DigitsGAN
-from orbitask.trainers import run_experiment, train
+from orbitask.trainers import run_experiment
+from orbitask.trainers.commands import train
 from tests.helpers import Recorder
 
 REPO = Path(__file__).resolve().parents[1]
@@ -117,7 +118,8 @@ def test_every_loss_is_shown_by_print_loss_the_progress_line_and_the_report(tmp_
     import io
     import re
 
-    from orbitask.trainers import progress, report
+    from orbitask.trainers.actions import progress
+    from orbitask.trainers.commands import report
 
     task = DigitsGAN(latent_dim=8, hidden_units=16)
     run_experiment(

@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 from orbitask.tasks import IndexedInput, Task, keras_compat
-from orbitask.trainers import train
+from orbitask.trainers.commands import train
 from orbitask.trainers.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]

@@ -13,7 +13,9 @@ import numpy as np
 import tensorflow as tf
 
 from orbitask import DigitsClassification, IndexedInput, Task
-from orbitask.trainers import input_position, inputs, run_experiment
+from orbitask.trainers import run_experiment
+from orbitask.trainers.engine import inputs
+from orbitask.trainers.state import input_position
 from tests.helpers import TinyTask
 
 N = 48  # examples per epoch

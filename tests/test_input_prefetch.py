@@ -13,7 +13,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from orbitask.trainers import inputs
+from orbitask.trainers.engine import inputs
 from tests.helpers import TinyTask
 
 

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from orbitask.trainers import cli, launch
+from orbitask.trainers.commands import cli, launch
 
 # Acts out plan[role] for the role in its TF_CONFIG: "ok", "sleep", "exit N [AFTER_S]", "kill",
 # "fail_once PATH" (fails while PATH does not exist, creating it) or "term" (exit 75 on SIGTERM).
@@ -71,7 +71,7 @@ def test_workers_get_tf_config_and_prefixed_output():
 
 def test_the_binary_gets_the_strategy_of_the_cluster():
     command = launch.Launcher(2, 0, 0, ["--model_dir=x"]).command
-    assert command[1:4] == ["-m", "orbitask.trainers.train", "--model_dir=x"]
+    assert command[1:4] == ["-m", "orbitask.trainers.commands.train", "--model_dir=x"]
     assert command[-1] == "--gin_params=orbitask.run_experiment.strategy = 'multi_worker_mirrored'"
     command = launch.Launcher(2, 1, 0, ["--model_dir=x"]).command
     assert command[-1] == "--gin_params=orbitask.run_experiment.strategy = 'parameter_server'"

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from orbitask.trainers import cli, launch
+from orbitask.trainers.commands import cli, launch
 from tests import launching
 
 

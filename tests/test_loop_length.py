@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from orbitask.trainers import ConfigError, run_experiment
-from orbitask.trainers.controller import Controller
-from orbitask.trainers.loop_length import LoopLength
+from orbitask.trainers.engine.loop_length import LoopLength
+from orbitask.trainers.run.controller import Controller
 from tests.helpers import TinyTask, checkpoint_weights
 
 
@@ -63,7 +63,7 @@ class LoopCounting(Controller):
 
 
 def _run(tmp_path, name, loop_seconds, monkeypatch):
-    monkeypatch.setattr("orbitask.trainers.runner.Controller", LoopCounting)
+    monkeypatch.setattr("orbitask.trainers.run.runner.Controller", LoopCounting)
     LoopCounting.loops = []
     run_experiment(
         TinyTask(),

@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from orbitask.trainers import ConfigError, NanGuard, run_experiment
-from orbitask.trainers.precision import DynamicLossScale
+from orbitask.trainers.features.precision import DynamicLossScale
 from tests.helpers import (
     LinearTask,
     Recorder,

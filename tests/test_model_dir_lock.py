@@ -10,7 +10,10 @@ import tempfile
 
 import tensorflow as tf
 
-from orbitask.trainers import checkpoints, cluster, model_dir_lock, run_experiment, train
+from orbitask.trainers import run_experiment
+from orbitask.trainers.commands import train
+from orbitask.trainers.distribution import cluster
+from orbitask.trainers.state import checkpoints, model_dir_lock
 from tests import faults
 from tests.helpers import TinyTask
 

@@ -15,7 +15,8 @@ from official.utils.testing import mock_task
 
 from orbitask.tasks import ModelGardenTask, MultiTask, Task
 from orbitask.tasks.model_garden import GUIDE, ModelGardenTaskWithLogs
-from orbitask.trainers import ConfigError, NanGuard, run_experiment, train
+from orbitask.trainers import ConfigError, NanGuard, run_experiment
+from orbitask.trainers.commands import train
 from tests import launching
 from tests.helpers import StepRecorder, TinyTask, checkpoint_weights
 

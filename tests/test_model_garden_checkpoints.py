@@ -20,7 +20,7 @@ from official.nlp.tasks import sentence_prediction
 
 from orbitask.tasks import ModelGardenTask
 from orbitask.trainers import ConfigError, WarmStart, run_experiment
-from orbitask.trainers.determinism import make_deterministic
+from orbitask.trainers.engine.determinism import make_deterministic
 from tests.helpers import checkpoint_weights, weights
 from tests.test_model_garden_real import _sentences, bert_experiment
 

@@ -26,7 +26,7 @@ from official.vision.tasks import image_classification
 
 from orbitask.tasks import ModelGardenTask
 from orbitask.trainers import run_experiment
-from orbitask.trainers.determinism import make_deterministic
+from orbitask.trainers.engine.determinism import make_deterministic
 from tests.helpers import checkpoint_weights, weights
 
 DRAWS = "draws random numbers with stateful ops"

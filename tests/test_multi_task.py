@@ -8,7 +8,8 @@ import tensorflow as tf
 import tf_keras
 
 from orbitask.tasks import DigitsClassification, DigitsParity, MultiTask
-from orbitask.trainers import run_experiment, train
+from orbitask.trainers import run_experiment
+from orbitask.trainers.commands import train
 from tests.helpers import Recorder, TinyTask
 
 REPO = Path(__file__).resolve().parents[1]

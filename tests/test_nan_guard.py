@@ -120,7 +120,7 @@ def test_rollback_at_a_checkpoint_step_saves_no_checkpoint_under_that_number(tmp
 def test_the_binary_exits_3_in_one_line_when_the_guard_stops(tmp_path, capsys):
     """A learning rate of 1e38 sends the weights to Inf after one step: every later step is
     bad, and with no checkpoint to roll back to the guard stops the run."""
-    from orbitask.trainers import train
+    from orbitask.trainers.commands import train
 
     repo = Path(__file__).resolve().parents[1]
     params = [

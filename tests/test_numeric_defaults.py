@@ -5,7 +5,7 @@ import keras
 import pytest
 
 from orbitask import NanGuard
-from orbitask.tasks.digits_gan import DigitsGAN
+from orbitask.tasks.examples.digits_gan import DigitsGAN
 from orbitask.trainers import run_experiment
 from tests.helpers import TinyTask
 

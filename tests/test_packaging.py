@@ -94,7 +94,7 @@ def test_a_plain_install_trains_from_a_user_directory_with_its_own_tasks_py(tmp_
     )
     assert where.stdout.strip().startswith(str(site)), where.stdout + where.stderr
     trained = _run(
-        [sys.executable, "-m", "orbitask.trainers.train", "--gin_file=user.gin",
+        [sys.executable, "-m", "orbitask.trainers.commands.train", "--gin_file=user.gin",
          f"--model_dir={tmp_path / 'run'}", "--mode=train"],
         cwd=user, env=env,
     )  # fmt: skip
@@ -104,7 +104,7 @@ def test_a_plain_install_trains_from_a_user_directory_with_its_own_tasks_py(tmp_
 
     # The run's operative config (with its `import tasks`) rebuilds the model for the export.
     exported = _run(
-        [sys.executable, "-m", "orbitask.trainers.cli", "export",
+        [sys.executable, "-m", "orbitask.trainers.commands.cli", "export",
          f"--model_dir={tmp_path / 'run'}"],
         cwd=user, env=env,
     )  # fmt: skip

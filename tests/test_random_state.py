@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from orbitask import run_experiment
-from orbitask.trainers import random_state
+from orbitask.trainers.state import random_state
 from tests.helpers import TinyTask
 
 

@@ -241,7 +241,7 @@ def _run_blocks(spec_path: str) -> int:
     sys.path.insert(0, os.getcwd())
     import gin
 
-    from orbitask.trainers import train
+    from orbitask.trainers.commands import train
 
     for block in spec["blocks"]:
         where = f"{spec['document']}:{block['line']}"

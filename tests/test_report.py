@@ -8,7 +8,8 @@ import sys
 import pytest
 from PIL import Image
 
-from orbitask.trainers import cli, report, run_experiment
+from orbitask.trainers import run_experiment
+from orbitask.trainers.commands import cli, report
 from tests.helpers import TinyTask
 
 

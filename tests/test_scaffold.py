@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orbitask.trainers import cli, scaffold
+from orbitask.trainers.commands import cli, scaffold
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -21,7 +21,7 @@ def _orbitask():
     return (
         [shutil.which("orbitask")]
         if shutil.which("orbitask")
-        else [sys.executable, "-m", "orbitask.trainers.cli"]
+        else [sys.executable, "-m", "orbitask.trainers.commands.cli"]
     )
 
 

@@ -14,7 +14,7 @@ import gin
 import pytest
 import tensorflow as tf
 
-from orbitask.tasks.digits import DigitsClassification
+from orbitask.tasks.examples.digits import DigitsClassification
 from tests import faults
 
 EVAL_STEPS = 6  # the digits validation set (360 examples) in batches of 64

@@ -120,7 +120,7 @@ def test_a_stateful_op_in_the_input_runs_and_is_named(tmp_path, capsys):
 
 def test_keras_generators_behind_tf_keras_layers_are_found():
     from orbitask.tasks import keras_compat
-    from orbitask.trainers import random_state
+    from orbitask.trainers.state import random_state
 
     with keras_compat.saved_layer_randomness():
         layer = tf_keras.layers.Dropout(0.5)

@@ -6,10 +6,10 @@ import pytest
 import tensorflow as tf
 
 from orbitask.tasks import deferred
-from orbitask.trainers.callback_runner import CallbackAction
-from orbitask.trainers.loop_length import LoopLength
-from orbitask.trainers.summaries import LoopSummaryManager
-from orbitask.trainers.triggers import Trigger, steps_until_any
+from orbitask.trainers.actions.callback_action import CallbackAction
+from orbitask.trainers.actions.summaries import LoopSummaryManager
+from orbitask.trainers.actions.triggers import Trigger, steps_until_any
+from orbitask.trainers.engine.loop_length import LoopLength
 
 
 class Clock:

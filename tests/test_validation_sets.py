@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 from orbitask import ConfigError, ValidationControl, run_experiment
-from orbitask.trainers import inputs
+from orbitask.trainers.engine import inputs
 from tests.helpers import TinyTask
 
 PARTS = {"a": slice(0, 36), "b": slice(36, 96)}  # 36 and 60 examples: partial last batches

@@ -1,0 +1,1 @@
+"""Periodic work between device loops: triggers, callbacks, summaries, progress, preemption."""

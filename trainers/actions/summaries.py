@@ -1,0 +1,148 @@
+"""TensorBoard writing by value shape: scalars, images and histograms, nested dicts as subdirs.
+
+`write` is the `summary_fn` of the train and eval `orbit.utils.SummaryManager`s, which already
+turn nested dicts into sub-directories (Model Garden's behaviour); `histograms` is the callback
+behind `run_experiment(histogram_interval=M)` (nabu's histograms of trainable variables).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import orbit
+import tensorflow as tf
+
+from orbitask.tasks import callbacks
+from orbitask.trainers.actions.triggers import Trigger
+
+
+def write(name: str, value: Any, step: Any = None) -> None:
+    """Writes one summary, eagerly: rank 0 -> scalar, images -> image, else histogram.
+
+    Images are `[N, H, W, C]` (or `[H, W, C]`) with C in 1, 3, 4.
+    """
+    array = np.asarray(value.numpy() if hasattr(value, "numpy") else value)
+    if array.ndim == 0:
+        tf.summary.scalar(name, array, step=step)
+    elif array.ndim in (3, 4) and array.shape[-1] in (1, 3, 4):
+        images = array if array.ndim == 4 else array[None]
+        if images.dtype != np.uint8:
+            images = np.clip(images.astype(np.float32), 0.0, 1.0)
+        tf.summary.image(name, images, step=step, max_outputs=8)
+    else:
+        tf.summary.histogram(name, array, step=step)
+
+
+def histograms(task: Any, ctx: Any) -> None:
+    """Callback (eager, on the host): a histogram of every trainable variable of the model(s)."""
+    del task
+    models = ctx.model.values() if isinstance(ctx.model, dict) else [ctx.model]
+    for model in models:
+        for variable in model.trainable_variables:
+            name = getattr(variable, "path", None) or variable.name.split(":")[0]
+            tf.summary.histogram(f"weights/{name}", variable, step=ctx.step)
+
+
+class LoopSummaryManager(orbit.utils.SummaryManager):
+    """The train `SummaryManager`: keeps each device loop's scalars, writes them in batches.
+
+    The Controller hands it every loop's output and flushes after every loop; eager scalar writes
+    after every loop would slow quick models, so scalars are kept on the host, one point per loop at
+    the loop's last step (`tasks.callbacks.keep_scalars`, where `print_loss` keeps its points too),
+    and written with one traced call for all tags after the first loop, then whenever its `trigger`
+    is due: a loop reached or passed a multiple of `interval` since the last write, or `max_seconds`
+    passed since then (`Trigger(every_steps=interval, every_secs=max_seconds)`; loops do not end for
+    it). Those periodic writes (and their flush) run on a background thread, overlapping the next
+    device loop; `write_pending` writes the rest and waits for them (the runner calls it at the end,
+    also on SIGTERM and errors). `current_step() -> int` gives the step after a loop without reading
+    `global_step` (an eager op); None reads it. `clock` is the trigger's `time.monotonic`-like clock
+    (injectable for tests). Other values (images, nested dicts) are written at once, as Orbit does.
+    """
+
+    def __init__(
+        self,
+        summary_dir,
+        summary_fn,
+        global_step,
+        interval: int,
+        max_seconds: float | None = 30.0,
+        current_step=None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        super().__init__(summary_dir, summary_fn, global_step)
+        self.current_step = current_step or (lambda: int(global_step.numpy()))
+        self.trigger = Trigger(every_steps=interval, every_secs=max_seconds, clock=clock)
+        self._unflushed = False
+        self._thread: ThreadPoolExecutor | None = None
+        self._pending: list[Future] = []
+        if self._enabled:  # trace the writer now, in setup, not in the first loop's host work
+            callbacks.write_scalars(self.summary_writer(), "", (), ())
+
+    def write_summaries(self, summary_dict) -> None:
+        """Keeps the scalars of `summary_dict` (eager); writes due ones. Returns None."""
+        if not self._enabled:
+            # No summaries here (a non-chief worker): drop what callbacks kept for the writer.
+            callbacks.write_kept_scalars(self.summary_writer(), write=False)
+            return
+        step = self.current_step()
+        writer = self.summary_writer()
+        others = {}
+        for name, value in summary_dict.items():
+            if isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(
+                value, bool
+            ):
+                callbacks.keep_scalars(writer, name, [(step, float(value))])
+            else:
+                others[name] = value
+        if others:
+            super().write_summaries(others)
+            self._unflushed = True
+        trigger = self.trigger
+        if trigger.last_step is None or trigger.due(step, since=trigger.last_step):
+            self._write_in_background(step)
+
+    def _write_in_background(self, step: int) -> None:
+        for done in [f for f in self._pending if f.done()]:
+            self._pending.remove(done)
+            done.result()  # a failed write (e.g. a full disk) raises here
+        kept = callbacks.take_kept_scalars(self.summary_writer())
+        self.trigger.fired(step)
+        if kept is None:
+            return
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="orbitask-summaries")
+        self._pending.append(
+            self._thread.submit(self._write_and_flush, self.summary_writer(), kept)
+        )
+
+    @staticmethod
+    def _write_and_flush(writer, kept) -> None:
+        callbacks.write_points(writer, *kept)
+        writer.flush()
+
+    def write_pending(self) -> None:
+        """Waits for the background writes, then writes every kept scalar point now (eager).
+
+        Returns None.
+        """
+        if not self._enabled:
+            return
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
+            self._thread = None
+            pending, self._pending = self._pending, []
+            for future in pending:
+                future.result()  # raises what a background write raised
+        if callbacks.write_kept_scalars(self.summary_writer()):
+            self._unflushed = True
+        self.trigger.fired()  # everything is written: the seconds rule starts again
+
+    def flush(self) -> None:
+        """Flushes the writers if anything was written since the last flush (eager)."""
+        if self._unflushed:
+            super().flush()
+            self._unflushed = False

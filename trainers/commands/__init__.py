@@ -1,0 +1,1 @@
+"""The command-line tools: the binary, export, report, new, launch."""

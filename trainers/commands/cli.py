@@ -1,0 +1,77 @@
+"""The `orbitask` console script: a small table of subcommands; no subcommand means `train`.
+
+    orbitask [train] --gin_file=... --model_dir=...   # the training binary (commands.train)
+    orbitask report --model_dir=...                   # plot + summary of a run (commands.report)
+    orbitask new NAME                                 # a Task file + gin file (commands.scaffold)
+    orbitask launch --workers N -- TRAIN_FLAGS        # a local cluster (commands.launch)
+    orbitask export --model_dir=...                   # a SavedModel of a run (commands.export)
+
+Each subcommand is a module with `main(argv) -> exit status`, imported only when used.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# name -> (module, one-line help). Add a subcommand by adding a row.
+COMMANDS = {
+    "train": (
+        "orbitask.trainers.commands.train",
+        "train and/or evaluate an experiment (the default)",
+    ),
+    "report": (
+        "orbitask.trainers.commands.report",
+        "plot a run's summaries and print the best metric",
+    ),
+    "new": (
+        "orbitask.trainers.commands.scaffold",
+        "write a Task file and an experiment .gin file to start from",
+    ),
+    "launch": (
+        "orbitask.trainers.commands.launch",
+        "run a job as a cluster of local processes (multi-worker, PS)",
+    ),
+    "export": (
+        "orbitask.trainers.commands.export",
+        "write a run's model as a SavedModel under MODEL_DIR/export/<step>/",
+    ),
+}
+
+
+def main(argv: list[str]) -> int:
+    """Dispatches `argv` (without the program name) to a subcommand. Eager; returns its status."""
+    if argv and argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    name = "train"
+    if argv and not argv[0].startswith("-"):
+        name, argv = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(
+            f"orbitask: error: unknown command {name!r}; commands: {', '.join(COMMANDS)} "
+            "(no command means train). See `orbitask --help`.",
+            file=sys.stderr,
+        )
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    return module.main(argv)
+
+
+def usage() -> str:
+    """The `orbitask --help` text: one line per subcommand."""
+    rows = [f"  {name:<8} {text}" for name, (_, text) in COMMANDS.items()]
+    return (
+        "usage: orbitask [COMMAND] [FLAGS]\n\ncommands:\n"
+        + "\n".join(rows)
+        + ("\n\n`orbitask COMMAND --help` lists a command's flags.")
+    )
+
+
+def run() -> None:
+    """Entry point of the `orbitask` command."""
+    sys.exit(main(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    run()

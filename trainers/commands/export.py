@@ -1,0 +1,239 @@
+"""`orbitask export`: a run's trained model as a SavedModel, under `<model_dir>/export/<step>/`.
+
+    orbitask export --model_dir=runs/digits            # the latest checkpoint's weights
+    orbitask export --model_dir=runs/digits --best     # the best checkpoint (ValidationControl)
+    orbitask export --model_dir=runs/digits --ema      # the EMA averages of the latest one
+
+The task and model come from the gin files the run was trained with: by default the model
+directory's `operative_config.gin` (written when training starts), else `--gin_file` /
+`--gin_params` as for `orbitask train`. No code is imported from the model directory: the
+modules a gin `import` line names come from installed packages or the working directory (unless
+it is inside the model directory), as in training. The SavedModel's layout and signature are
+`trainers.saved_model`'s: one `serving_default` signature over the model's inputs, loadable with
+`tf.saved_model.load` and no orbitask; a dict of models gives one SavedModel per model. A mistake
+(no checkpoint, no gin config, no best or EMA weights) is one line on stderr, exit 2; a full
+disk is one line, exit 4, and leaves no part of the export.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from absl import flags
+
+EXIT_USAGE = 2
+
+FLAGS = flags.FlagValues()
+flags.DEFINE_string(
+    "model_dir", None, "The run's directory (what training wrote).", flag_values=FLAGS
+)
+flags.DEFINE_multi_string(
+    "gin_file",
+    [],
+    "Gin file(s) of the run; default: MODEL_DIR/operative_config.gin.",
+    flag_values=FLAGS,
+)
+flags.DEFINE_multi_string(
+    "gin_params", [], "Gin bindings applied after the files.", flag_values=FLAGS
+)
+flags.DEFINE_boolean(
+    "best",
+    False,
+    "Export the best checkpoint (MODEL_DIR/best/) instead of the latest.",
+    flag_values=FLAGS,
+)
+flags.DEFINE_boolean(
+    "ema",
+    False,
+    "Export the EMA averages the checkpoint holds instead of the raw weights.",
+    flag_values=FLAGS,
+)
+
+
+def checkpoint_to_export(model_dir: str, best: bool) -> str:
+    """The path of the latest (or best) checkpoint of `model_dir`. Eager; returns it.
+
+    Raises:
+      ConfigError: when there is none.
+    """
+    import tensorflow as tf
+
+    from orbitask.trainers.errors import ConfigError
+
+    if not tf.io.gfile.isdir(model_dir):
+        raise ConfigError(f"--model_dir {model_dir!r} does not exist; pass the run's directory.")
+    if best:
+        path = tf.train.latest_checkpoint(os.path.join(model_dir, "best"))
+        if path is None:
+            raise ConfigError(
+                f"--best: {model_dir!r} has no best checkpoint under best/; train with "
+                "orbitask.run_experiment.validation_control = @orbitask.ValidationControl(), "
+                "or drop --best."
+            )
+        return path
+    path = tf.train.latest_checkpoint(model_dir)
+    if path is None:
+        raise ConfigError(
+            f"no checkpoint in {model_dir!r} to export; pass the --model_dir you trained into."
+        )
+    return path
+
+
+def gin_files(model_dir: str, given: list[str]) -> list[str]:
+    """The gin files to parse: `given`, else the defaults and the run's operative config.
+
+    Raises:
+      ConfigError: when none is given and the run has no operative config.
+    """
+    import tensorflow as tf
+
+    from orbitask.trainers.commands.train import config_root
+    from orbitask.trainers.errors import ConfigError
+
+    if given:
+        return list(given)
+    operative = os.path.join(model_dir, "operative_config.gin")
+    if not tf.io.gfile.exists(operative):
+        raise ConfigError(
+            f"--gin_file is required: {model_dir!r} has no operative_config.gin; pass the "
+            "run's gin files, e.g. --gin_file=experiments/digits.gin."
+        )
+    # The operative config holds the values used, not the runner's `task = %TASK` binding.
+    return [os.path.join(config_root(), "configs", "defaults.gin"), operative]
+
+
+def restored_model(
+    task: Any, path: str, ema: bool, mixed_precision: str | None, per_replica_batch_size: int
+) -> tuple:
+    """Builds the task's model and restores the checkpoint `path` into it. Eager.
+
+    Args:
+      task: the run's `orbitask.Task`.
+      path: a checkpoint of the run (`ckpt-N`, or `best/best_ckpt-N`).
+      ema: put the checkpoint's EMA averages into the trainable weights.
+      mixed_precision: the run's `mixed_precision` policy, set while the model is built.
+      per_replica_batch_size: the batch size of validation data that builds the weights of a
+        model without `Input` layers.
+
+    Returns:
+      `(model, global step of the checkpoint)`.
+
+    Raises:
+      ConfigError: when the checkpoint does not fit the model or holds no EMA averages.
+    """
+    import tensorflow as tf
+
+    from orbitask.tasks.errors import one_line
+    from orbitask.trainers.errors import ConfigError
+    from orbitask.trainers.features.ema import ExponentialMovingAverage
+    from orbitask.trainers.features.precision import precision_policy
+    from orbitask.trainers.state import saved_model
+
+    with precision_policy(mixed_precision):
+        model = task.build_model()
+    saved_model.build_weights(task, model, per_replica_batch_size)
+    step = tf.Variable(0, dtype=tf.int64)
+    objects = {"step": step, "train_model": model}
+    averages = ExponentialMovingAverage() if ema else None
+    if averages is not None:
+        if not any(name.startswith("ema/") for name, _ in tf.train.list_variables(path)):
+            raise ConfigError(
+                f"--ema: checkpoint {path} holds no EMA averages; train with "
+                "orbitask.run_experiment.ema = @orbitask.ExponentialMovingAverage(), or drop "
+                "--ema."
+            )
+        objects["ema"] = averages.build(model)
+    try:
+        status = tf.train.Checkpoint(**objects).restore(path).expect_partial()
+        status.assert_existing_objects_matched()
+    except (AssertionError, ValueError, tf.errors.InvalidArgumentError) as e:
+        raise ConfigError(
+            f"checkpoint {path} does not fit the model {type(task).__name__} builds "
+            f"({one_line(e, 200)}); pass the gin files the run was trained with."
+        ) from e
+    if averages is not None:
+        for variable, shadow in zip(averages.variables, averages.shadows, strict=True):
+            variable.assign(shadow)
+    return model, int(step.numpy())
+
+
+def export(task: Any, model_dir: str, path: str, ema: bool = False) -> str:
+    """Writes the model of checkpoint `path` as a SavedModel under `model_dir/export/<step>/`.
+
+    Eager. The run's `mixed_precision` and `global_batch_size` are read from gin.
+
+    Returns:
+      The path of the step's folder.
+
+    Raises:
+      ConfigError: as `restored_model` and `saved_model.write`.
+    """
+    from orbitask.trainers.state import saved_model
+
+    batch = _bound("global_batch_size", 64)
+    model, step = restored_model(task, path, ema, _bound("mixed_precision", None), batch)
+    return saved_model.write(task, model, os.path.join(model_dir, "export"), step, batch)
+
+
+def _bound(name: str, default: Any) -> Any:
+    import gin
+
+    try:
+        return gin.query_parameter(f"orbitask.run_experiment.{name}")
+    except ValueError:
+        return default
+
+
+def _fail(message: object) -> int:
+    from orbitask.tasks.errors import one_line
+
+    lines = str(message).strip().splitlines()
+    print(f"orbitask: error: {one_line(lines[0]) if lines else 'error'}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def main(argv: list[str]) -> int:
+    """`orbitask export` on `argv` (flags only). Eager; returns the exit status."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TensorFlow's C++ INFO lines
+    FLAGS.unparse_flags()
+    if {"-h", "--help", "--helpfull"} & set(argv):
+        print(f"usage: orbitask export --model_dir=DIR [FLAGS]\n\n{FLAGS.get_help().strip()}")
+        return 0
+    try:
+        rest = FLAGS(["orbitask export", *argv])[1:]
+    except flags.Error as e:
+        return _fail(f"{e}. See `orbitask export --help`.")
+    if rest:
+        return _fail(f"unexpected argument(s) {' '.join(rest)}; use --model_dir=DIR.")
+    if not FLAGS.model_dir:
+        return _fail("--model_dir is required: the directory of the run to export.")
+
+    import gin
+
+    from orbitask.trainers.commands import train
+    from orbitask.trainers.errors import ConfigError, NoSpaceError
+
+    try:
+        path = checkpoint_to_export(FLAGS.model_dir, FLAGS.best)
+        files = gin_files(FLAGS.model_dir, FLAGS.gin_file)
+        train.parse_gin(files, FLAGS.gin_params, untrusted=FLAGS.model_dir)
+        task = train.build_task()
+        written = export(task, FLAGS.model_dir, path, ema=FLAGS.ema)
+    except NoSpaceError as e:
+        _fail(e)
+        return train.EXIT_NO_SPACE
+    except ConfigError as e:
+        return _fail(e)
+    except NotImplementedError as e:  # e.g. a Task without build_model
+        return _fail(f"{e} Fix TASK in your experiment's .gin file or the Task class.")
+    except RuntimeError as e:  # gin: a required parameter that no file binds
+        if "gin.REQUIRED" in str(e) or "Required bindings" in str(e):
+            return _fail(f"bad gin config: {e}")
+        raise
+    finally:
+        gin.clear_config()
+    weights = "the EMA averages of " if FLAGS.ema else ""
+    print(f"orbitask: exported {weights}{os.path.basename(path)} to {written}")
+    return 0

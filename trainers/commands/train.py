@@ -1,0 +1,247 @@
+"""The orbitask binary: parse flags, parse gin, call the runner.
+
+    orbitask --gin_file=experiments/digits.gin --model_dir=/tmp/digits [--mode=train_and_eval]
+    python -m orbitask.trainers.commands.train ...   # the same binary
+
+A user mistake (bad flag, gin typo, bad setting) prints one line on stderr and exits with 2. An
+exception raised in the user's own code (a module a gin `import` line loads, the task's
+`__init__`, builders, stages, steps, callbacks) propagates with its traceback (exit 1).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import tokenize
+
+from absl import flags
+
+EXIT_USAGE = 2  # a user mistake, found before any work
+EXIT_NONFINITE = 3  # the loss or gradient stayed non-finite after the NanGuard's rollbacks
+EXIT_NO_SPACE = 4  # the disk filled during a save; the previous checkpoint is intact
+EXIT_PREEMPTED = 75  # SIGTERM: checkpoint saved, run the same command again to resume
+
+FLAGS = flags.FlagValues()
+flags.DEFINE_multi_string("gin_file", [], "Gin config file(s), in order.", flag_values=FLAGS)
+flags.DEFINE_multi_string(
+    "gin_params", [], "Gin bindings, e.g. 'TRAIN_STEPS = 100'.", flag_values=FLAGS
+)
+flags.DEFINE_string("model_dir", None, "Checkpoints and summaries go here.", flag_values=FLAGS)
+flags.DEFINE_enum(
+    "mode",
+    "train_and_eval",
+    ["train", "eval", "train_and_eval", "continuous_eval", "eval_all"],
+    "What to run (eval_all: every checkpoint of --model_dir, oldest first).",
+    flag_values=FLAGS,
+)
+flags.DEFINE_string(
+    "checkpoint",
+    None,
+    "With --mode=eval: the checkpoint to evaluate (a ckpt-N prefix); default: the newest.",
+    flag_values=FLAGS,
+)
+
+
+def config_root() -> str:
+    """The folder holding `configs/` and `experiments/`: the repository in a source checkout or
+    an editable install, the installed `orbitask` package otherwise (both are the parent of this
+    module's package folder). Eager."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _fail(message: str) -> int:
+    from orbitask.tasks.errors import one_line
+
+    lines = str(message).strip().splitlines()
+    first = one_line(lines[0]) if lines else "error"
+    print(f"orbitask: error: {first}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def parse_gin(gin_files: list[str], gin_params: list[str], untrusted: str | None = None) -> None:
+    """Parses gin files and bindings with `config_root()` on gin's search path.
+
+    A gin `import` finds modules installed, in the working directory or next to a .gin file;
+    with `untrusted` (a model directory), never in that folder or below it.
+
+    Raises:
+      ConfigError: naming the binding or file that is wrong.
+    """
+    import gin
+
+    import orbitask
+
+    orbitask.load_all()  # registers the configurables
+
+    # The working directory, then the repository, ahead of gin's own '' prefix: with '' first,
+    # an include such as 'configs/defaults.gin' that is not under the working directory goes to
+    # gin's Python-path reader, which crashes on a namespace package (a folder without
+    # __init__.py, e.g. configs/ when the repository is on PYTHONPATH).
+    from orbitask.trainers import compat
+    from orbitask.trainers.engine import user_code
+    from orbitask.trainers.errors import ConfigError
+
+    root = config_root()
+    compat.gin_search_first([os.getcwd(), root])
+    resolved = []
+    for path in gin_files:  # relative to the working directory, else to the repository
+        if not os.path.isfile(path):
+            if not os.path.isfile(os.path.join(root, path)):
+                raise ConfigError(f"--gin_file {path!r} does not exist.")
+            path = os.path.join(root, path)
+        resolved.append(path)
+    gin_files = resolved
+    # A gin `import my_task` finds my_task.py in the working directory or next to the .gin file.
+    for folder in (os.getcwd(), *(os.path.dirname(os.path.abspath(p)) for p in gin_files)):
+        if untrusted is not None and _inside(folder, untrusted):
+            continue
+        if folder not in sys.path:
+            sys.path.append(folder)
+    kept = list(sys.path)
+    if untrusted is not None:  # also an entry already there ('' is the working directory)
+        sys.path[:] = [p for p in kept if not _inside(p or os.getcwd(), untrusted)]
+    try:
+        with compat.quiet_gin_path_probes():
+            gin.parse_config_files_and_bindings(gin_files, gin_params, finalize_config=False)
+    except ImportError as e:  # named in a .gin file or by the user's module: not installed
+        raise ConfigError(
+            f"bad gin config: {_one_line(e)}. A module in a gin `import` line must be importable: "
+            "put it next to the .gin file or in the working directory, or pip install it."
+        ) from e
+    except tokenize.TokenError as e:
+        raise ConfigError(
+            f"bad gin config: {e.args[0]}: an unclosed bracket or quote in --gin_params or a "
+            ".gin file."
+        ) from e
+    except (ValueError, KeyError, TypeError, SyntaxError, OSError) as e:
+        module_syntax = isinstance(e, SyntaxError) and str(e.filename).endswith(".py")
+        if module_syntax or (
+            user_code.passed_through_users_code(e) and not isinstance(e, ConfigError)
+        ):
+            raise  # the user's module, run by a gin `import` line, raised it
+        raise ConfigError(f"bad gin config: {_one_line(e)}") from e
+    finally:
+        sys.path[:] = kept
+
+
+def _inside(folder: str, root: str) -> bool:
+    folder, root = os.path.realpath(folder), os.path.realpath(root)
+    return os.path.commonpath([folder, root]) == root
+
+
+def build_task():
+    """Constructs the task bound to `run_experiment.task` (the TASK macro).
+
+    Raises:
+      ConfigError: when it is unbound or its constructor rejects a binding.
+    """
+    import gin
+
+    from orbitask.trainers.engine import user_code
+    from orbitask.trainers.errors import ConfigError
+
+    try:
+        ref = gin.query_parameter("orbitask.run_experiment.task")
+    except ValueError as e:
+        raise ConfigError("no task: set TASK = @YourTask() in your experiment's .gin file") from e
+    try:
+        task = ref.scoped_configurable_fn() if hasattr(ref, "scoped_configurable_fn") else ref
+        while hasattr(task, "scoped_configurable_fn"):  # a macro naming a reference
+            task = task.scoped_configurable_fn()
+    except (ValueError, TypeError, RuntimeError) as e:
+        if user_code.passed_through_users_code(e) and not isinstance(e, ConfigError):
+            raise  # the task's own __init__ raised it
+        undefined = re.search(r"configurable 'macro' .* in scope '([^']+)'", _one_line(e))
+        if undefined:  # `%NAME` used but never bound
+            name = undefined.group(1)
+            raise ConfigError(
+                f"bad gin config: macro %{name} is used but not defined; bind it "
+                f"({name} = ...) in your .gin file or with --gin_params."
+            ) from e
+        raise ConfigError(f"bad gin config: {_one_line(e)}") from e
+    if task is gin.REQUIRED:
+        raise ConfigError("no task: set TASK = @YourTask() in your experiment's .gin file")
+    from orbitask.tasks import Task
+    from orbitask.tasks.model_garden import is_model_garden_task
+
+    if not isinstance(task, Task) and not is_model_garden_task(task):
+        raise ConfigError(
+            f"TASK must be a tasks.Task instance (or a Model Garden base_task.Task), e.g. "
+            f"TASK = @YourTask(); received {task!r} "
+            f"of type {type(task).__name__}. Fix TASK in your experiment's .gin file."
+        )
+    return task
+
+
+def _one_line(error: BaseException) -> str:
+    from orbitask.tasks.errors import one_line
+
+    return one_line(error) or type(error).__name__
+
+
+def main(argv: list[str]) -> int:
+    """Runs the binary on `argv` (without the program name); returns the exit status."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TensorFlow's C++ INFO lines
+    FLAGS.unparse_flags()  # a second main() in one process must not see the last call's flags
+    if {"-h", "--help", "--helpfull"} & set(argv):
+        flag_help = FLAGS.get_help(include_special_flags=False).strip()
+        print(f"usage: orbitask [train] FLAGS\n\n{flag_help}")
+        return 0
+    try:
+        FLAGS(["orbitask", *argv])
+    except flags.Error as e:
+        return _fail(f"{e}. See `orbitask --help`.")
+    if not FLAGS.gin_file:
+        return _fail("--gin_file is required, e.g. --gin_file=experiments/digits.gin")
+    if not FLAGS.model_dir:
+        return _fail("--model_dir is required: where checkpoints and summaries go.")
+
+    import gin
+
+    from orbitask.tasks.errors import MissingBuilder
+    from orbitask.trainers.errors import (
+        ConfigError,
+        NonFiniteLossError,
+        NoSpaceError,
+        Preempted,
+    )
+    from orbitask.trainers.run.experiment import run_experiment
+
+    try:
+        parse_gin(FLAGS.gin_file, FLAGS.gin_params)
+        task = build_task()
+        chosen = {"eval_checkpoint": FLAGS.checkpoint} if FLAGS.checkpoint else {}
+        run_experiment(task=task, model_dir=FLAGS.model_dir, mode=FLAGS.mode, **chosen)
+    except NoSpaceError as e:
+        _fail(str(e))
+        return EXIT_NO_SPACE
+    except ConfigError as e:
+        return _fail(str(e))
+    except NonFiniteLossError as e:
+        _fail(str(e))
+        return EXIT_NONFINITE
+    except MissingBuilder as e:  # e.g. TASK = @orbitask.Task(): a builder is missing
+        first = (str(e).strip().splitlines() or ["a builder is not implemented."])[0]
+        return _fail(f"{first} Fix TASK in your experiment's .gin file or the Task class.")
+    except Preempted as e:
+        first = str(e).strip().splitlines()[0]  # without gin's "In call to configurable" line
+        print(f"orbitask: preempted: {first}", file=sys.stderr)
+        return EXIT_PREEMPTED
+    except RuntimeError as e:
+        # gin raises RuntimeError for a required parameter that no file binds.
+        if "gin.REQUIRED" in str(e) or "Required bindings" in str(e):
+            return _fail(f"bad gin config: {_one_line(e)}")
+        raise
+    finally:
+        gin.clear_config()
+    return 0
+
+
+def run() -> None:
+    """Console-script entry point (`orbitask`)."""
+    sys.exit(main(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,1 @@
+"""Distribution: strategies, cluster roles from TF_CONFIG, and SLURM."""

@@ -1,0 +1,245 @@
+"""Cluster roles from TF_CONFIG: the chief, non-chief checkpoint folders, parameter-server tasks.
+
+Multi-worker rules (DESIGN, known traps):
+
+- Every worker calls save: reading a SyncOnRead variable is a collective, so a save on the chief
+  alone deadlocks. Non-chief workers save into their own temporary folder (one checkpoint kept,
+  removed when the process exits); only the chief's checkpoints, in the model directory, count.
+- Every worker restores from the chief's checkpoints, so the model directory must be storage
+  that every machine reads (GCS, NFS, ...). Each worker restores its own input position
+  (`trainers.input_position`).
+- Only the chief writes summaries and the operative config.
+
+Under `parameter_server`, the chief is the coordinator that runs the program; `worker` and `ps`
+tasks only serve TensorFlow's runtime (`serve`) until the job stops them.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+
+import tensorflow as tf
+from absl import logging
+
+from orbitask.trainers import compat
+from orbitask.trainers.state import checkpoints, model_dir_lock
+
+SERVER_TASKS = ("worker", "ps")
+
+
+def tf_config() -> dict:
+    """TF_CONFIG parsed (`{}` when unset)."""
+    return json.loads(os.environ.get("TF_CONFIG") or "{}")
+
+
+def task_type() -> str | None:
+    """This process's task type in TF_CONFIG ("chief", "worker", "ps", ...), or None."""
+    return tf_config().get("task", {}).get("type")
+
+
+def is_chief(strategy: tf.distribute.Strategy) -> bool:
+    """True on the process whose checkpoints, summaries and config are kept (one machine: True)."""
+    return bool(strategy.extended.should_checkpoint)
+
+
+def describe(strategy: tf.distribute.Strategy) -> str:
+    """One line naming the strategy, its replicas and their devices. Eager; returns it."""
+    replicas = strategy.num_replicas_in_sync
+    devices = ", ".join(d.split("/device:")[-1] for d in strategy.extended.worker_devices)
+    where = f"this worker: {devices}" if task_type() else devices
+    plural = "s" if replicas != 1 else ""
+    return f"{type(strategy).__name__}, {replicas} replica{plural} ({where})"
+
+
+def is_parameter_server(strategy: tf.distribute.Strategy) -> bool:
+    """True for a `ParameterServerStrategy` (trained by `trainers.ps_trainer`)."""
+    return isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
+
+
+def num_ps_workers(strategy: tf.distribute.Strategy) -> int:
+    """The number of workers a `ParameterServerStrategy` schedules on."""
+    return compat.ps_num_workers(strategy)
+
+
+def all_replica_values(strategy: tf.distribute.Strategy, value) -> tuple:
+    """`value`'s per-replica values as a tuple, of every worker's replicas (traced, cross-replica).
+
+    One machine: the local values. `multi_worker_mirrored`: a gather (a collective), so that every
+    worker, the chief included, aggregates the eval logs of all replicas: a scalar gives one
+    value per replica; a tensor gives one concatenation of all replicas' along axis 0.
+    """
+    local = strategy.experimental_local_results(value)
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return local
+    if local[0].shape.rank == 0:
+        rows = strategy.run(lambda v: tf.expand_dims(v, 0), args=(value,))
+        return tuple(tf.unstack(strategy.gather(rows, axis=0), num=strategy.num_replicas_in_sync))
+    return (strategy.gather(value, axis=0),)
+
+
+def any_worker(strategy: tf.distribute.Strategy, flag: bool) -> bool:
+    """Whether `flag` holds on any worker. Eager; under `multi_worker_mirrored` a collective
+    (every worker must call it at the same point), else `flag` itself."""
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return flag
+    return _replicas_with(strategy, flag) > 0
+
+
+def every_worker(strategy: tf.distribute.Strategy, flag: bool) -> bool:
+    """Whether `flag` holds on every worker; eager, a collective as in `any_worker`."""
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return flag
+    return _replicas_with(strategy, flag) == strategy.num_replicas_in_sync
+
+
+def smallest(strategy: tf.distribute.Strategy, value: int) -> int:
+    """The smallest of every worker's `value`. Eager; under `multi_worker_mirrored` a collective
+    as in `any_worker`, else `value` itself."""
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return value
+    values = strategy.experimental_distribute_values_from_function(
+        lambda _: tf.constant([value], tf.int64)
+    )
+    return int(tf.reduce_min(strategy.gather(values, axis=0)))
+
+
+def _replicas_with(strategy: tf.distribute.Strategy, flag: bool) -> int:
+    flags = strategy.experimental_distribute_values_from_function(lambda _: tf.constant(int(flag)))
+    return int(strategy.reduce(tf.distribute.ReduceOp.SUM, flags, axis=None))
+
+
+def is_server_task(strategy_name: object) -> bool:
+    """True for a `worker` or `ps` task of a `parameter_server` job: it only serves (`serve`)."""
+    return strategy_name == "parameter_server" and task_type() in SERVER_TASKS
+
+
+def serve() -> dict:
+    """Runs this worker / ps task's TensorFlow server; blocks until the process is stopped. Eager.
+
+    The coordinator (the chief) sends these servers the functions and variables to run and hold.
+    """
+    os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")  # TF's advice for PS fault tolerance
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    server = tf.distribute.Server(
+        resolver.cluster_spec(),
+        job_name=resolver.task_type,
+        task_index=resolver.task_id,
+        protocol=resolver.rpc_layer or "grpc",
+        start=True,
+    )
+    print(f"orbitask: {resolver.task_type} {resolver.task_id} serving at {server.target}")
+    server.join()
+    return {}
+
+
+def for_this_worker(
+    manager: tf.train.CheckpointManager, strategy: tf.distribute.Strategy
+) -> tf.train.CheckpointManager:
+    """`manager` on the chief; on any other worker, a `WorkerCheckpointManager` like it."""
+    if is_chief(strategy):
+        return manager
+    task = tf_config().get("task", {})
+    settings = compat.manager_settings(manager)
+    return WorkerCheckpointManager(
+        manager.checkpoint,
+        manager.directory,
+        worker=f"{task.get('type', 'worker')}-{task.get('index', 0)}",
+        chief_keep=settings["max_to_keep"],
+        checkpoint_name=settings["checkpoint_name"],
+        step_counter=settings["step_counter"],
+        checkpoint_interval=manager.checkpoint_interval,
+    )
+
+
+class WorkerCheckpointManager(checkpoints.SafeCheckpointManager):
+    """A non-chief worker's manager: restores the chief's checkpoints, saves into a temp folder.
+
+    `directory` and `checkpoints` are the chief's (what restores and continuous evaluation
+    read); `save` writes into a temporary folder keeping one checkpoint, deleted at exit. The
+    folder is made by `tempfile.mkdtemp` (an unpredictable name, mode 0700) with a prefix from
+    the chief's directory and `worker`, and this worker holds a `flock` on a file in it; a start
+    removes this user's folders of the same prefix whose lock nobody holds, so a worker killed
+    with SIGKILL (no exit handlers) leaves at most one checkpoint behind, removed when it
+    restarts;
+    `latest_checkpoint` is this worker's last save, or the chief's latest when it started, so
+    that every worker sees the same step and takes the same decision to save or not (saves may
+    be collectives). The chief's checkpoints are read as the chief's manager holds them: from
+    its state file, or by their files when the state file is damaged
+    (`checkpoints.held_checkpoints`), so every worker restores the same step.
+
+    Args:
+      checkpoint: this worker's `tf.train.Checkpoint`.
+      chief_directory: the model directory the chief saves into.
+      worker: this worker's name in the cluster (e.g. "worker-1").
+      chief_keep: the chief's `max_to_keep` (None: all).
+      **kwargs: passed to `tf.train.CheckpointManager` (step_counter, checkpoint_interval).
+    """
+
+    def __init__(
+        self,
+        checkpoint: tf.train.Checkpoint,
+        chief_directory: str,
+        worker: str = "worker",
+        chief_keep: int | None = None,
+        **kwargs,
+    ):
+        self.chief_directory = chief_directory
+        self._chief_name = kwargs.get("checkpoint_name", "ckpt")
+        self._chief_keep = chief_keep
+        run = hashlib.sha1(os.path.abspath(chief_directory).encode()).hexdigest()[:12]
+        prefix = f"orbitask-{run}-{_safe_name(worker)}-"
+        _remove_abandoned(prefix)  # a killed predecessor's
+        self.temp_directory = tempfile.mkdtemp(prefix=prefix)
+        self._lock = model_dir_lock.FileLock(os.path.join(self.temp_directory, "worker.lock"))
+        self._lock.acquire()
+        atexit.register(shutil.rmtree, self.temp_directory, True)
+        held = self.checkpoints
+        self._chief_latest = held[-1] if held else None
+        super().__init__(checkpoint, self.temp_directory, max_to_keep=1, **kwargs)
+        logging.info("non-chief worker: saving into %s", self.temp_directory)
+
+    @property
+    def directory(self) -> str:
+        """The chief's model directory."""
+        return self.chief_directory
+
+    @property
+    def checkpoints(self) -> list[str]:
+        """The chief's checkpoints, oldest first."""
+        return checkpoints.held_checkpoints(
+            self.chief_directory, self._chief_name, self._chief_keep
+        )
+
+    @property
+    def latest_checkpoint(self) -> str | None:
+        """This worker's last save, else the chief's latest checkpoint when this worker started."""
+        return self._latest_checkpoint or self._chief_latest
+
+
+def _remove_abandoned(prefix: str) -> None:
+    """Removes this user's temp folders named `prefix...` whose worker lock nobody holds."""
+    root = tempfile.gettempdir()
+    for name in os.listdir(root):
+        path = os.path.join(root, name)
+        if not name.startswith(prefix) or os.path.islink(path) or not os.path.isdir(path):
+            continue
+        if os.lstat(path).st_uid != os.getuid():
+            continue
+        lock = model_dir_lock.FileLock(os.path.join(path, "worker.lock"))
+        try:
+            if not lock.acquire():
+                continue  # a live worker's
+        except OSError:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        lock.release()
+
+
+def _safe_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)

@@ -1,0 +1,1 @@
+"""The loop engine: the Orbit trainer and evaluator, the composed step, inputs, loop lengths."""

@@ -1,0 +1,392 @@
+"""The distributed train step, composed of small parts chosen once, when the trainer is built.
+
+    step(iterator):                              # cross-replica context, traced
+      batch = ReplicaBatches(iterator)           # one element per local replica (x K micro-steps)
+      schedule.step_update(step, optimizer)      # only with a learning-rate schedule
+      logs = body(batch)                         # PlainBody | GuardedBody
+      return Finish(logs)                        # replica mean of logs, EMA, step += 1
+
+`PlainBody` runs a replica function on every replica: the task's `train_step`, or (gradient
+accumulation) the task's `compute_update` over K micro-batches followed by `apply_gradients`.
+`GuardedBody` computes the update on every replica and applies it only when every loss and the
+all-reduced gradient (before the task's `update_pre` fixes it) are finite: NaN guard, float16 loss
+scaling.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+
+from orbitask.tasks import keras_compat
+from orbitask.trainers.engine.inputs import local_replicas, partial_elements
+
+
+@dataclasses.dataclass
+class TaskObjects:
+    """A task's built objects, as the trainer and its step parts use them."""
+
+    task: Any
+    strategy: tf.distribute.Strategy
+    model: Any
+    optimizer: Any
+    loss_fn: Any
+    lr: tf.Variable
+    global_step: tf.Variable
+    global_batch_size: int
+    train_metrics: list = dataclasses.field(default_factory=list)
+    eval_metrics: list = dataclasses.field(default_factory=list)
+    lr_follows: bool = True  # the optimizer(s) take `lr` (`LearningRate.reconcile`)
+
+
+class ReplicaBatches:
+    """Takes one step's elements from this worker's iterator and hands them to its replicas.
+
+    One element per local replica (local replica r gets the r-th); with gradient accumulation K,
+    K rounds of that, and a replica gets the tuple of its K micro-batches. Multi-worker: each
+    worker's iterator holds only its own replicas' batches (`trainers.inputs`). Traced.
+
+    Partial batches (a dataset batched without `drop_remainder`, whose batch dimension is
+    unknown): an element smaller than `per_replica_batch_size` ends the step's examples, as the
+    last, partial batch of an epoch ends one device's batch, and the elements after it are not
+    taken; the examples taken are then split evenly over the step's slots in their order. So
+    each step holds the examples one device's batch of the global size holds, the following
+    steps stay aligned with one device's, and the default step normalises by that real count.
+    """
+
+    def __init__(
+        self,
+        strategy: tf.distribute.Strategy,
+        accumulation: int,
+        per_replica_batch_size: int | None = None,
+    ):
+        self.strategy = strategy
+        self.accumulation = accumulation
+        self.local = local_replicas(strategy)
+        self.per_replica = per_replica_batch_size
+
+    def __call__(self, iterator):
+        count, k = self.local, self.accumulation
+        slots = count * k
+        if slots > 1 and self._may_be_partial(iterator):
+            flat = self._take_until_partial(iterator, slots)
+        else:
+            flat = [next(iterator) for _ in range(slots)]
+        rounds = [flat[i * count : (i + 1) * count] for i in range(k)]
+        if count == 1:
+            return rounds[0][0] if k == 1 else tuple(r[0] for r in rounds)
+
+        def for_replica(ctx):
+            replica = ctx.replica_id_in_sync_group % count
+            return rounds[0][replica] if k == 1 else tuple(r[replica] for r in rounds)
+
+        return self.strategy.experimental_distribute_values_from_function(for_replica)
+
+    def _may_be_partial(self, iterator) -> bool:
+        """Whether the elements' leading dimension is unknown (dense tensors only). Traced."""
+        spec = getattr(iterator, "element_spec", None)
+        if self.per_replica is None or spec is None:
+            return False
+        return partial_elements(spec)
+
+    def _take_until_partial(self, iterator, slots: int) -> list:
+        """`slots` elements: taken while the ones before were full, then empty. Traced."""
+
+        def size(element):
+            return tf.shape(tf.nest.flatten(element)[0])[0]
+
+        first = next(iterator)
+        taken = [first]
+        full = size(first) >= self.per_replica
+        for _ in range(slots - 1):
+            element = tf.cond(
+                full,
+                lambda: next(iterator),
+                lambda: tf.nest.map_structure(lambda t: t[:0], first),
+            )
+            taken.append(element)
+            full = tf.logical_and(full, size(element) >= self.per_replica)
+
+        def split_evenly():
+            joined = tf.nest.map_structure(lambda *parts: tf.concat(parts, 0), *taken)
+            examples = size(joined)
+            bounds = [(i * examples) // slots for i in range(slots + 1)]
+            return [
+                tf.nest.map_structure(lambda t, i=i: t[bounds[i] : bounds[i + 1]], joined)
+                for i in range(slots)
+            ]
+
+        return tf.cond(full, lambda: list(taken), split_evenly)
+
+
+class ReplicaUpdate:
+    """The update one replica computes (the task's `compute_update`), and how it is applied.
+
+    `check_finite`: the logs carry `nonfinite_gradients` (`Task.compute_update`), as they do
+    with a loss scale.
+    """
+
+    def __init__(
+        self,
+        objects: TaskObjects,
+        accumulation: int,
+        loss_scale: Any = None,
+        check_finite: bool = False,
+    ):
+        self.objects = objects
+        self.accumulation = accumulation
+        self.loss_scale = loss_scale
+        self.check_finite = check_finite
+
+    def compute(self, batch) -> tuple[list, list, dict]:
+        """Traced, in replica context: returns `(update, variables, logs)`."""
+        o = self.objects
+        return o.task.compute_update(
+            batch,
+            o.model,
+            o.optimizer,
+            o.train_metrics,
+            loss_fn=o.loss_fn,
+            lr=o.lr,
+            global_batch_size=o.global_batch_size * self.accumulation,
+            micro_batches=self.accumulation,
+            loss_scale=None if self.loss_scale is None else self.loss_scale.scale,
+            # Only the NaN guard asks: a task's own compute_update without it runs elsewhere.
+            **({"check_finite": True} if self.check_finite else {}),
+        )
+
+    def compute_and_apply(self, batch) -> dict:
+        """Traced, in replica context: computes the update, applies it; returns the logs."""
+        update, variables, logs = self.compute(batch)
+        keras_compat.apply_gradients(self.objects.optimizer, update, variables)
+        return logs
+
+
+def task_train_step(objects: TaskObjects, summed: set | None = None) -> Callable:
+    """The replica function running the task's `train_step` (traced, replica context).
+
+    `summed`: a set that receives the keys of the logs computed from a share of the global
+    batch's loss (`keras_compat.recording_global_losses`), or None.
+    """
+
+    def replica_step(batch):
+        o = objects
+        logs = o.task.train_step(
+            batch,
+            o.model,
+            o.optimizer,
+            o.train_metrics,
+            loss_fn=o.loss_fn,
+            lr=o.lr,
+            global_batch_size=o.global_batch_size,
+        )
+        if summed is not None and getattr(summed, "marked", None):
+            summed.update(k for k, v in logs.items() if keras_compat.derives_from(v, summed.marked))
+        return logs
+
+    return replica_step
+
+
+class LogKeys(set):
+    """The keys of a step's logs that are summed over replicas; `marked` holds the tensors
+    `keras_compat.recording_global_losses` saw during the trace."""
+
+    marked: set | None = None
+
+
+def log_convention(task: Any) -> str | None:
+    """`Task.replica_logs` ("mean" or "sum"), or None: the task's own `train_step` with no
+    convention set, whose logs computed from Keras 3 loss objects or `tf.nn.compute_average_loss`
+    (already a share of the global mean) are summed and the rest averaged."""
+    convention = getattr(task, "replica_logs", None)
+    if convention is not None:
+        return convention
+    from orbitask.tasks.base import Task
+
+    own = getattr(type(task), "train_step", None)
+    return None if own is not None and own is not Task.train_step else "mean"
+
+
+class PlainBody:
+    """Runs `replica_fn` on every replica (optionally XLA-compiled); returns per-replica logs."""
+
+    def __init__(self, strategy: tf.distribute.Strategy, replica_fn: Callable, jit_compile=False):
+        self.strategy = strategy
+        self.replica_fn = replica_fn
+        self.jit_compile = jit_compile
+        self.compiled = None
+
+    def reset(self) -> None:
+        """Eager: a new loop function retraces, and with it the compiled replica function."""
+        fn = self.replica_fn
+        self.compiled = tf.function(fn, jit_compile=True) if self.jit_compile else fn
+
+    def __call__(self, batch) -> tuple[Any, dict]:
+        """Traced, cross-replica: returns `(per-replica logs, extra logs)`."""
+        if self.compiled is None:
+            self.reset()
+        return self.strategy.run(self.compiled, args=(batch,)), {}
+
+
+class GuardedBody:
+    """Computes the update on every replica; applies it only if every loss and every entry of
+    the all-reduced gradient, as computed before `update_pre` zeroes non-finite entries, are
+    finite. The check comes before any variable changes.
+
+    The NaN guard counts a step as bad for a non-finite loss or gradient, or (`spike_factor`) a
+    loss above that factor times its recent average; with float16 loss scaling a non-finite
+    gradient is an overflow, which lowers the scale and is not counted.
+    The condition lives in cross-replica context: a `tf.cond` around `apply_gradients` inside
+    `strategy.run` would cross a synchronisation point, which tf.distribute forbids.
+    """
+
+    def __init__(self, strategy, update: ReplicaUpdate, nan_guard=None, loss_scale=None):
+        self.strategy = strategy
+        self.update = update
+        self.nan_guard = nan_guard
+        self.loss_scale = loss_scale
+
+    def reset(self) -> None:
+        """Eager: nothing to rebuild."""
+
+    def __call__(self, batch) -> tuple[Any, dict]:
+        """Traced, cross-replica: returns `(per-replica logs, extra logs)`."""
+        held = {}
+
+        def compute(batch):
+            update, variables, logs = self.update.compute(batch)
+            pairs = enumerate(zip(update, variables, strict=True))
+            held["pairs"] = [(i, v) for i, (g, v) in pairs if g is not None]
+            logs = dict(logs)
+            loss = logs[self.update.objects.task.loss]
+            logs["nonfinite"] = tf.cast(
+                tf.logical_not(tf.reduce_all(tf.math.is_finite(loss))), tf.float32
+            )
+            logs.setdefault("nonfinite_gradients", tf.constant(0.0))
+            return [update[i] for i, _ in held["pairs"]], logs
+
+        update, logs = self.strategy.run(compute, args=(batch,))
+        total = tf.distribute.ReduceOp.SUM
+        bad_loss = self.strategy.reduce(total, logs.pop("nonfinite"), axis=None) > 0
+        overflow = self.strategy.reduce(total, logs.pop("nonfinite_gradients"), axis=None) > 0
+        step_loss = None  # the step's loss (replica mean), for the guard's spike check
+        if self.nan_guard is not None and self.nan_guard.spike_factor is not None:
+            mean = tf.distribute.ReduceOp.MEAN
+            step_loss = self.strategy.reduce(mean, logs[self.update.objects.task.loss], axis=None)
+            bad_loss = tf.logical_or(bad_loss, self.nan_guard.is_spike(step_loss))
+        bad = tf.logical_or(bad_loss, overflow)
+
+        def apply():
+            def replica_apply(gradients):
+                variables = [v for _, v in held["pairs"]]
+                keras_compat.apply_gradients(self.update.objects.optimizer, gradients, variables)
+
+            self.strategy.run(replica_apply, args=(update,))
+            return tf.constant(False)
+
+        tf.cond(bad, lambda: tf.constant(True), apply)
+        extra = {}
+        if self.nan_guard is not None:
+            self.nan_guard.record(bad_loss if self.loss_scale is not None else bad, step_loss)
+            extra["nonfinite_steps"] = tf.cast(self.nan_guard.skipped, tf.float32)
+        if self.loss_scale is not None:
+            self.loss_scale.update(overflow)
+            extra["loss_scale"] = tf.identity(self.loss_scale.scale)
+        return logs, extra
+
+
+class Finish:
+    """Ends a step (traced, cross-replica): replica logs combined (`Task.replica_logs`: mean or
+    sum; `summed` names the keys summed when it is not set), EMA moved, step counted."""
+
+    def __init__(
+        self,
+        strategy,
+        global_step: tf.Variable,
+        ema: Any = None,
+        combine: str | None = "mean",
+        summed: set | None = None,
+    ):
+        self.strategy = strategy
+        self.global_step = global_step
+        self.ema = ema
+        self.combine = combine
+        self.summed = summed if summed is not None else set()
+
+    def __call__(self, per_replica_logs: dict, extra: dict) -> dict:
+        ops = tf.distribute.ReduceOp
+        logs = {}
+        for k, v in per_replica_logs.items():
+            total = self.combine == "sum" or (self.combine is None and k in self.summed)
+            logs[k] = self.strategy.reduce(ops.SUM if total else ops.MEAN, v, axis=None)
+        logs.update(extra)
+        if self.ema is not None:
+            self.ema.update()
+        # After the step's logs, which need its batch: a dataset that ends mid-loop leaves the
+        # step counting the steps taken (tf.function orders ops on one resource only).
+        with tf.control_dependencies(tf.nest.flatten(logs)):
+            self.global_step.assign_add(1)
+        return logs
+
+
+class TrainStep:
+    """One distributed step = one optimizer update, composed of the parts above.
+
+    Args:
+      objects: the task's built objects.
+      accumulation: batches per optimizer update (K).
+      schedule: a `trainers.learning_rate.LearningRate` whose schedule sets the rate at every
+        step, or None.
+      nan_guard: a built `trainers.NanGuard`, or None (the seed's behaviour).
+      loss_scale: a `trainers.precision.DynamicLossScale` (float16), or None.
+      ema: a built `trainers.ExponentialMovingAverage`, or None.
+      jit_compile: compile the per-replica step with XLA (not a guarded step).
+    """
+
+    def __init__(
+        self,
+        objects: TaskObjects,
+        accumulation: int = 1,
+        schedule: Any = None,
+        nan_guard: Any = None,
+        loss_scale: Any = None,
+        ema: Any = None,
+        jit_compile: bool = False,
+    ):
+        strategy = objects.strategy
+        self.objects = objects
+        self.schedule = schedule
+        self.convention = log_convention(objects.task)
+        self.summed = LogKeys()
+        per_replica = objects.global_batch_size // strategy.num_replicas_in_sync
+        self.batches = ReplicaBatches(strategy, accumulation, per_replica)
+        update = ReplicaUpdate(objects, accumulation, loss_scale, nan_guard is not None)
+        if nan_guard is not None or loss_scale is not None:
+            self.body = GuardedBody(strategy, update, nan_guard, loss_scale)
+        elif accumulation > 1:
+            self.body = PlainBody(strategy, update.compute_and_apply, jit_compile)
+        else:
+            self.body = PlainBody(strategy, task_train_step(objects, self.summed), jit_compile)
+        self.finish = Finish(strategy, objects.global_step, ema, self.convention, self.summed)
+
+    def reset(self) -> None:
+        """Eager, before a new loop function is traced."""
+        self.body.reset()
+
+    def __call__(self, iterator) -> dict:
+        """Traced, cross-replica: runs one step on the next batches; returns its mean logs."""
+        keras_compat.reset_trace_state(self.objects.optimizer)
+        batch = self.batches(iterator)
+        if self.schedule is not None:
+            self.schedule.step_update(self.objects.global_step, self.objects.optimizer)
+        if self.convention is not None:
+            return self.finish(*self.body(batch))
+        self.summed.clear()
+        with keras_compat.recording_global_losses() as marked:
+            self.summed.marked = marked
+            body = self.body(batch)
+        self.summed.marked = None
+        return self.finish(*body)

@@ -1,0 +1,315 @@
+"""`TaskTrainer`: the Orbit trainer and evaluator that run a Task's steps under `strategy.run`.
+
+Hook order, as the Controller drives it::
+
+    train(num_steps):                           # one device loop, num_steps from steps_per_loop
+      train_loop_begin()                        # eager: reset metrics, rebuild the step fn
+                                                #   if trainable vars changed
+      copy lr into the optimizer                # traced, first in the loop function
+      repeat num_steps times (tf.while_loop in one tf.function; the step's only trace in it,
+                              so loops of any length run the same ops):
+        logs = step(train_iterator)             # steps.TrainStep: batches to replicas,
+                                                #   strategy.run, replica mean, global_step += 1
+        (and, for deferred callbacks, append the step's scalar logs to a TensorArray)
+      return train_loop_end(last logs, metric results, lr, step)   # read in one go
+    # then the Controller's actions: host callbacks (every_steps / at_step), progress, checkpoint
+
+    evaluate(num_steps or -1): see `trainers.evaluation.TaskEvaluator`
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orbit
+import tensorflow as tf
+
+from orbitask.tasks import keras_compat
+from orbitask.trainers.engine.evaluation import TaskEvaluator, to_python
+from orbitask.trainers.state import random_state
+
+
+class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
+    """Runs a `tasks.Task`'s train step (a `steps.TrainStep`) and validation step on a strategy.
+
+    Args:
+      objects: the task's built objects (`steps.TaskObjects`).
+      step: the composed train step (`steps.TrainStep`).
+      train_iterator: a plain `tf.data` iterator yielding one per-replica batch per `next`; each
+        step takes one batch per local replica, so it can be checkpointed (exact resume).
+      eval_dataset: a distributed dataset for `validation_step`, a dict `{name: dataset}` of
+        validation sets (each evaluated in turn, `TaskEvaluator.evaluate`), or None.
+      use_tf_while_loop: run each device loop as one `tf.while_loop` (default) or a Python loop.
+      nan_guard: the built `trainers.NanGuard` of the step, or None: a tripped guard ends the
+        device loop early.
+      ema: a built `trainers.ExponentialMovingAverage` (evaluation swaps its weights in), or None.
+      record_history: keep every step's scalar logs (metrics and learning rate included) of the
+        last device loop in `loop_history` (for `tasks.deferred` callbacks).
+    """
+
+    # The loop function copies `lr` into the optimizer first; a subclass whose loops run where
+    # that copy cannot happen once per loop (ParameterServerTrainer) copies it on the host.
+    copies_learning_rate_in_loop = True
+
+    def __init__(
+        self,
+        *,
+        objects: Any,
+        step: Any,
+        train_iterator: Any = None,
+        eval_dataset: Any = None,
+        use_tf_while_loop: bool = True,
+        nan_guard: Any = None,
+        ema: Any = None,
+        record_history: bool = False,
+    ):
+        self.objects = objects
+        self.task = objects.task
+        self.strategy = objects.strategy
+        self.model = objects.model
+        self.optimizer = objects.optimizer
+        self.loss_fn = objects.loss_fn
+        self.lr = objects.lr
+        self.global_step = objects.global_step
+        self.global_batch_size = objects.global_batch_size
+        self.train_metrics = list(objects.train_metrics)
+        self.eval_metrics = list(objects.eval_metrics)
+        self.step = step
+        self.nan_guard = nan_guard
+        self.ema = ema
+        self.record_history = record_history
+        # Per-loop host state lives in a plain object: an attribute set on this tf.Module is
+        # tracked (a dict or tuple is wrapped), which slows every device loop's host work.
+        self._loop = _LoopRecord()
+        self._history_keys: list[str] = []
+        self._use_tf_while_loop = use_tf_while_loop
+        self.mark_loops = False  # set by `trainers.profiling.Profiler` while it traces
+        self._trainable_signature = None
+        orbit.StandardTrainer.__init__(
+            self,
+            None,
+            options=orbit.StandardTrainerOptions(use_tf_while_loop=use_tf_while_loop),
+        )
+        self._train_iter = train_iterator
+        if eval_dataset is not None:
+            TaskEvaluator.__init__(
+                self,
+                eval_dataset,
+                options=orbit.StandardEvaluatorOptions(use_tf_while_loop=False),
+            )
+
+    # ---------------------------------------------------------------------------- training
+
+    def train(self, num_steps: tf.Tensor) -> dict:
+        """Runs `num_steps` train steps as one device loop; returns the last step's logs.
+
+        Eager; the loop itself is one tf.function (Orbit's `create_train_loop_fn`).
+        """
+        self.train_loop_begin()
+        fresh = self._train_loop_fn is None
+        if fresh:
+            self._train_loop_fn = self.create_train_loop_fn()
+        if self.mark_loops:  # while profiling: each loop a "train" step in TensorBoard
+            with tf.profiler.experimental.Trace("train", step_num=self.step_now(), _r=1):
+                out = self._train_loop_fn(self._train_iter, num_steps)
+        else:
+            out = self._train_loop_fn(self._train_iter, num_steps)
+        if fresh:
+            keras_compat.refresh_tracking(self.optimizer)
+        loop = self._loop
+        loop.last_step = int(out["step"])
+        if "history" in out:
+            rows = out.pop("history").numpy()
+            first = loop.last_step - len(rows) + 1
+            loop.history = (first, dict(zip(self._history_keys, rows.T, strict=True)))
+        return self.train_loop_end(out)
+
+    def set_train_iterator(self, iterator: Any) -> None:
+        """Makes the next device loops read `iterator` (an input rebuilt at its position). Eager;
+        returns None."""
+        self._train_iter = iterator
+
+    @property
+    def last_step(self) -> int | None:
+        """Returns the global step the last device loop ended at (None before the first). Eager
+        host state, set after each loop and by a NaN rollback: reading it runs no op."""
+        return self._loop.last_step
+
+    @last_step.setter
+    def last_step(self, step: int) -> None:
+        self._loop.last_step = step
+
+    def step_now(self) -> int:
+        """Returns the global step: `last_step`, or (before the first loop) a read of the
+        variable (an eager op). Eager."""
+        step = self._loop.last_step
+        return int(self.global_step.numpy()) if step is None else step
+
+    @property
+    def loop_history(self) -> tuple[int, dict]:
+        """Returns `(first_step, {name: per-step values})` of the last device loop, when
+        recorded (`record_history`). Eager host state (numpy arrays)."""
+        return self._loop.history
+
+    def _history_row(self, logs: dict) -> tf.Tensor:
+        """The step's scalar logs, the train metrics' results so far in this device loop and the
+        learning rate, as one float32 vector (traced); names in `_history_keys`. The names are
+        those of the logs at a loop's end (`train_loop_end`)."""
+        scalars = {**logs, **{m.name: m.result() for m in self.train_metrics}}
+        scalars = {k: tf.convert_to_tensor(v) for k, v in scalars.items()}
+        scalars["learning_rate"] = self.lr.read_value()
+        self._history_keys = sorted(k for k, v in scalars.items() if v.shape.rank == 0)
+        return tf.stack([tf.cast(scalars[k], tf.float32) for k in self._history_keys])
+
+    def create_train_loop_fn(self):
+        """A tf.function running `num_steps` steps and returning the last step's logs."""
+        step = self.train_step
+        guard = self.nan_guard
+        self.step.reset()  # a new loop function retraces the step, compiled parts included
+        record = self._history_row if self.record_history else None
+        sync = self.copies_learning_rate_in_loop and self.objects.lr_follows
+
+        if not self._use_tf_while_loop:
+            step_fn = tf.function(step)
+
+            def python_loop(iterator, num_steps):
+                if sync:
+                    keras_compat.sync_learning_rate(self.optimizer, self.lr)
+                logs = step_fn(iterator)
+                rows = [record(logs)] if record else []
+                for _ in range(int(num_steps) - 1):
+                    if guard is not None and bool(guard.tripped()):
+                        break
+                    logs = step_fn(iterator)
+                    rows += [record(logs)] if record else []
+                return self._loop_output(logs, tf.stack(rows) if record else None)
+
+            return python_loop
+
+        def more(i, num_steps):
+            # The loops use `while more(...)`, never `break`: for a loop with a `break`,
+            # autograph tests a break flag in a `tf.cond` at every step (~1% of the MLP's loop).
+            if guard is None:
+                return i < num_steps
+            return tf.logical_and(i < num_steps, tf.logical_not(guard.tripped()))
+
+        @tf.function
+        def loop(iterator, num_steps):
+            if sync:
+                keras_compat.sync_learning_rate(self.optimizer, self.lr)
+            logs, invariants = _logs_before_first_step(step, iterator, self._loop)
+            i = tf.zeros_like(num_steps)
+            while more(i, num_steps):  # a tripped NaN guard hands over to the host
+                tf.autograph.experimental.set_loop_options(shape_invariants=invariants)
+                logs = step(iterator)
+                i += 1
+            return self._loop_output(logs)
+
+        @tf.function
+        def recording_loop(iterator, num_steps):
+            if sync:
+                keras_compat.sync_learning_rate(self.optimizer, self.lr)
+            logs, invariants = _logs_before_first_step(step, iterator, self._loop)
+            history = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
+            i = tf.zeros_like(num_steps)
+            while more(i, num_steps):
+                tf.autograph.experimental.set_loop_options(shape_invariants=invariants)
+                logs = step(iterator)
+                history = history.write(i, record(logs))
+                i += 1
+            return self._loop_output(logs, history.stack())
+
+        return recording_loop if record else loop
+
+    def _loop_output(self, logs: dict, history: tf.Tensor | None = None) -> dict:
+        """What a device loop returns (traced): the last step's logs, the metric results, the
+        learning rate and step at its end, and the per-step history when recorded, so that the
+        host reads them all in one go."""
+        out = {
+            "logs": logs,
+            "metrics": {m.name: m.result() for m in self.train_metrics},
+            "learning_rate": self.lr.read_value(),
+            "step": self.global_step.read_value(),
+        }
+        if history is not None:
+            out["history"] = history
+        return out
+
+    def train_loop_begin(self):
+        """Eager, before each device loop: lr into the optimizer, metrics reset, retrace check.
+
+        Returns None.
+        """
+        if not self.copies_learning_rate_in_loop and self.objects.lr_follows:
+            keras_compat.sync_learning_rate(self.optimizer, self.lr)
+        for metric in self.train_metrics:
+            metric.reset_state()
+        signature = _trainable_signature(self.model)
+        if signature != self._trainable_signature:
+            # A callback froze or unfroze layers: retrace so the step trains the new set.
+            self._trainable_signature = signature
+            self._train_loop_fn = None
+
+    def train_step(self, iterator):
+        """One distributed step = one optimizer update (cross-replica context, traced).
+
+        Returns the step's logs, averaged over replicas (`steps.TrainStep`).
+        """
+        return self.step(iterator)
+
+    def train_loop_end(self, loop_output=None) -> dict:
+        """Eager: returns the last step's logs, train metrics and learning rate, as floats.
+
+        `loop_output` is what the loop function returned (`_loop_output`).
+        """
+        loop_output = loop_output or {}
+        logs = {**loop_output.get("logs", {}), **loop_output.get("metrics", {})}
+        out = {k: to_python(v) for k, v in logs.items()}
+        lr = loop_output.get("learning_rate")
+        out["learning_rate"] = float(self.lr.numpy() if lr is None else lr)
+        return out
+
+
+class _LoopRecord:
+    """What the host knows about the last device loop (see `TaskTrainer.last_step`)."""
+
+    def __init__(self):
+        self.last_step: int | None = None
+        self.history: tuple[int, dict] = (0, {})
+        self.named_draws = False  # the step's unsaved random ops were named (first trace)
+
+
+def _logs_before_first_step(step: Any, iterator: Any, loop: _LoopRecord) -> tuple[Any, list]:
+    """Zeros shaped like one step's logs, the device loop's value before its first step, and
+    the shape invariants of those whose shape a step leaves open. Traced, in the loop function.
+
+    The step is traced on its own, in a graph that never runs, to learn its logs; the loop
+    then traces it once more, inside the `tf.while_loop`, as its only instance. So a loop of
+    any length runs the same ops: a stateful random op of the step (a `tf.random.normal` in a
+    stage) draws one sequence whatever the loop lengths. Such ops are named in one line
+    (`random_state.unsaved_step_draws`), once per trainer (`loop.named_draws`): a checkpoint
+    cannot hold their state.
+    """
+    traced = tf.function(step).get_concrete_function(iterator)
+    if not loop.named_draws:
+        loop.named_draws = True
+        draws = random_state.unsaved_step_draws(traced.graph)
+        if draws:
+            random_state.say_unsaved("the train step", draws, random_state.STEP_FIX)
+    outputs = traced.structured_outputs
+    logs, invariants = [], []
+    for value in tf.nest.flatten(outputs):
+        value = tf.convert_to_tensor(value)
+        shape = value.shape
+        zero = tf.zeros(
+            [d or 0 for d in shape.as_list()] if shape.rank is not None else [], value.dtype
+        )
+        if not shape.is_fully_defined():
+            invariants.append((zero, shape))
+        logs.append(zero)
+    return tf.nest.pack_sequence_as(outputs, logs), invariants
+
+
+def _trainable_signature(model: Any) -> tuple:
+    models = model.values() if isinstance(model, dict) else [model]
+    return tuple(id(v) for m in models for v in getattr(m, "trainable_variables", []))

@@ -1,0 +1,1 @@
+"""Optional features: mixed precision, EMA, NaN guard, learning rate, validation control."""

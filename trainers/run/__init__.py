@@ -1,0 +1,1 @@
+"""The run: `run_experiment`, its settings, pre-flight checks, the runner and the controller."""

@@ -1,0 +1,343 @@
+"""`Controller`: Orbit's outer loop with orbitask's checkpoint rules and a safe restore.
+
+With none of its own options set it is `orbit.Controller` (Orbit's own controller_test passes
+against it). Its additions:
+
+- `checkpoint_interval` / `checkpoint_seconds` / `save_at_completion`: saves at exact multiples
+  of the interval (Orbit's manager counts from the first save: 1, 1+k, ...), after the first
+  device loop that ends `checkpoint_seconds` after the last save (under
+  `multi_worker_mirrored` every worker saves when any worker's clock says so), and always at
+  completion. Device loops end at interval multiples.
+- `restore_checkpoint` restores the newest *readable* checkpoint (a corrupt latest one is
+  skipped with a warning, never deleted), or calls the manager's `init_fn` when there is none.
+- `on_loop(steps, seconds)` receives each device loop's wall time (the runner's `LoopLength`).
+- The training loop reads the global step once per device loop (Orbit reads it several times,
+  and flushes the summary writer around each loop).
+- `train_and_evaluate` evaluates at the multiples of `eval_interval` counted from step 0 (and at
+  `train_steps`), whatever step the run starts from: `eval_points` lists them. Orbit counts
+  the interval from the starting step, so a run resumed at 350 would evaluate at 550, 750.
+- `evaluated_step`, a checkpointed variable: each evaluation of `train_and_evaluate` sets it to
+  its step before the eval actions run, so a checkpoint saved after an evaluation (by an eval
+  action, or any later save) records it. A run resumed from a checkpoint whose record is older
+  than the newest evaluation point at or before its step evaluates first, at that step. A
+  negative record means none (a fresh run, or a checkpoint written by `--mode=train`): the
+  schedule starts at the restored step, and with `eval_at_start` a baseline evaluation runs
+  there first (so once per run: its record is then saved).
+- After each evaluation the next point is taken from the step then (an eval action may move
+  the step back: `ValidationControl.go_back`).
+- `train_and_evaluate(..., eval_seconds=T)` also evaluates at the end of the first device loop
+  that ends T seconds of training after the last evaluation (evaluation time not counted),
+  on every worker when any worker's clock says so (`cluster.any_worker`, a collective after
+  every loop, as the checkpoint time rule). Such a point depends on the clock: a resumed run
+  evaluates at the steps its own clock picks.
+- `evaluate_continuously(..., waiting=)` holds `waiting()` while it waits for each new
+  checkpoint; `save_now()` saves the state at the current step unless the newest checkpoint
+  holds it (a preempted run's last save).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+
+import orbit
+import tensorflow as tf
+from absl import logging
+
+from orbitask.trainers.actions.triggers import Trigger
+from orbitask.trainers.distribution import cluster
+from orbitask.trainers.state import checkpoints
+
+
+class Controller(orbit.Controller):
+    """`orbit.Controller` with safe restore and saves by step multiples and/or elapsed time.
+
+    Args:
+      checkpoint_interval: save at every multiple of this step, or None.
+      checkpoint_seconds: save when this many seconds passed since the last save, or None.
+      save_at_completion: save at the end of `train` even when neither rule above is set.
+        With all three unset, saving follows Orbit (the manager's `checkpoint_interval`).
+      on_loop: `on_loop(steps, seconds)` after each device loop, with the wall time of
+        `trainer.train` (e.g. `LoopLength.observe`), or None.
+      evaluated_step: an int64 variable in the checkpoint recording the step of the last
+        evaluation of `train_and_evaluate` (module docstring), or None.
+      eval_at_start: `train_and_evaluate` evaluates before training when no evaluation is
+        recorded (module docstring).
+      **kwargs: `orbit.Controller`'s arguments, all honoured.
+    """
+
+    def __init__(
+        self,
+        *,
+        checkpoint_interval: int | None = None,
+        checkpoint_seconds: float | None = None,
+        save_at_completion: bool = False,
+        on_loop: Callable[[int, float], None] | None = None,
+        evaluated_step: tf.Variable | None = None,
+        eval_at_start: bool = False,
+        **kwargs,
+    ):
+        # Steps agree on every worker; the clock is this worker's (see `_due`).
+        self._saves = Trigger(
+            every_steps=checkpoint_interval or None, every_secs=checkpoint_seconds or None
+        )
+        self._own_rule = bool(checkpoint_interval or checkpoint_seconds or save_at_completion)
+        self._on_loop = on_loop
+        self._loop_steps = kwargs.get("steps_per_loop")
+        self._save_options = tf.train.CheckpointOptions(
+            enable_async=bool(kwargs.get("enable_async_checkpointing", False))
+        )
+        self._saved_step: int | None = None
+        self._rate_mark: tuple[float, int] | None = None
+        self._lengths: dict[int, tf.Tensor] = {}  # loop length -> its constant, made once
+        self._evaluated = evaluated_step
+        self._eval_at_start = eval_at_start
+        self._recorded: int | None = None  # `evaluated_step` in the newest checkpoint, if known
+        if evaluated_step is not None:  # first: the other eval actions may save a checkpoint
+            kwargs["eval_actions"] = [self._mark_evaluated, *(kwargs.get("eval_actions") or ())]
+        super().__init__(**kwargs)
+        if evaluated_step is not None:
+            self._recorded = int(evaluated_step.numpy())
+
+    def train(
+        self,
+        steps: int,
+        checkpoint_at_completion: bool = True,
+        stop: Callable[[], bool] | None = None,
+    ) -> None:
+        """Trains until the global step is `steps` (Orbit's `train`, one step read a loop), or
+        until `stop()` (asked after each device loop short of `steps`, on every worker) says so.
+        Eager."""
+        self._require("trainer", for_method="train")
+        step = int(self.global_step.numpy())
+        while step < steps:
+            length = self._loop_steps
+            length = length(step) if callable(length) else length
+            until = self._saves.steps_until_due(step)  # loops end at interval multiples
+            if until is not None:
+                length = min(length, until)
+            step = self._train_n_steps(max(1, min(steps - step, length)), step)
+            self._maybe_save_checkpoint()
+            if stop is not None and step < steps and stop():
+                break
+        if checkpoint_at_completion:
+            self._maybe_save_checkpoint(check_interval=False)
+        self._sync_on_async_checkpointing()
+
+    def train_and_evaluate(
+        self,
+        train_steps: int,
+        eval_steps: int = -1,
+        eval_interval: int | None = None,
+        eval_seconds: float | None = None,
+    ) -> dict | None:
+        """Trains until step `train_steps`, evaluating for `eval_steps` at each of `eval_points`
+        (Orbit's `train_and_evaluate` with the points fixed by the step, not by the start),
+        and with `eval_seconds` also after the device loop that ends that many seconds of
+        training after the last evaluation (module docstring). With `evaluated_step`, first
+        evaluates an evaluation point the checkpoint did not record; with `eval_at_start`,
+        first evaluates where no evaluation is recorded. Eager; returns the last evaluation's
+        logs (None if none ran)."""
+        self._require("trainer", for_method="train_and_evaluate")
+        self._require("evaluator", for_method="train_and_evaluate")
+        output = None
+        step = int(self.global_step.numpy())
+        evaluated = self._evaluated
+        if evaluated is None or int(evaluated.numpy()) < 0:
+            # No record (a fresh run, or a checkpoint of --mode=train): the schedule starts here.
+            if self._eval_at_start:
+                output = self.evaluate(steps=eval_steps)  # the baseline; recorded at `step`
+            elif evaluated is not None:
+                evaluated.assign(step)
+        else:
+            due = last_eval_point(step, train_steps, eval_interval)
+            if due > int(evaluated.numpy()):
+                logging.info("evaluation of step %d not recorded: evaluating at %d", due, step)
+                output = self.evaluate(steps=eval_steps)
+        while True:  # the next point from the step now: an eval action may move the step
+            point = next(eval_points(self._step_now(), train_steps, eval_interval), None)
+            if point is None:
+                break
+            stop = _clock(eval_seconds, self.strategy)
+            self.train(steps=point, checkpoint_at_completion=False, stop=stop)
+            output = self.evaluate(steps=eval_steps)
+        self._maybe_save_checkpoint(check_interval=False)
+        if evaluated is not None and self.checkpoint_manager is not None:
+            if self._recorded != int(evaluated.numpy()):
+                self._save(self._step_now())  # the last evaluation's record
+        self._sync_on_async_checkpointing()
+        return output
+
+    def evaluate_continuously(
+        self,
+        steps: int = -1,
+        timeout: float | None = None,
+        timeout_fn: Callable[[], bool] | None = None,
+        waiting: Callable[[], contextlib.AbstractContextManager] | None = None,
+    ) -> dict | None:
+        """Evaluates each new checkpoint (Orbit's `evaluate_continuously`), holding `waiting()`
+        while waiting for the next one (`PreemptionWatcher.waiting`: a signal stops the wait
+        at once). Eager; returns the last evaluation's logs (None if none ran)."""
+        self._require("evaluator", for_method="evaluate_continuously")
+        self._require("checkpoint_manager", for_method="evaluate_continuously")
+        found = tf.train.checkpoints_iterator(
+            self.checkpoint_manager.directory, timeout=timeout, timeout_fn=timeout_fn
+        )
+        output = None
+        while True:
+            with (waiting or contextlib.nullcontext)():
+                path = next(found, None)
+            if path is None:
+                return output
+            self.restore_checkpoint(path)
+            output = self.evaluate(steps)
+
+    def save_now(self) -> str:
+        """Saves a checkpoint of the current step unless the newest one holds this state (its
+        step and, with `evaluated_step`, its evaluation record), and waits for the write.
+        Eager; returns the checkpoint's path.
+
+        Raises:
+          NoSpaceError: from the manager, when the device is full.
+        """
+        manager = self.checkpoint_manager
+        manager.sync()  # an async save of this step shows in `latest_checkpoint` once written
+        step = self._step_now()
+        latest = manager.latest_checkpoint
+        recorded = self._evaluated is None or self._recorded == int(self._evaluated.numpy())
+        if not (latest and latest.endswith(f"-{step}") and recorded):
+            self._save(step)
+            manager.sync()
+        return manager.latest_checkpoint
+
+    def _mark_evaluated(self, output: dict) -> None:
+        del output
+        self._evaluated.assign(int(self.global_step.numpy()))
+
+    def _train_n_steps(self, num_steps: int, start: int | None = None) -> int:
+        """Runs one device loop, the train actions and summaries; returns the step after them.
+
+        Orbit's `_train_n_steps` without its step reads, `StepTimer`, log formatting, a new
+        constant each loop and, when no `summary_interval` is set, the summary writer around the
+        loop: the trainer reports the step its loop ended at (`last_step`).
+        """
+        if start is None:
+            start = self._step_now()
+        if self._rate_mark is None:
+            self._rate_mark = (time.perf_counter(), start)
+        steps = self._lengths.get(num_steps)
+        if steps is None:
+            steps = self._lengths[num_steps] = tf.constant(num_steps, tf.int32)
+        began = time.perf_counter()
+        if self.summary_interval:  # summaries written by the step itself, as Orbit records them
+            record = lambda: self.global_step % self.summary_interval == 0  # noqa: E731
+            with self.summary_manager.summary_writer().as_default(), tf.summary.record_if(record):
+                output = self.trainer.train(steps) or {}
+        else:  # Orbit would record none; and leaving `as_default` flushes the writer
+            with tf.summary.record_if(False):
+                output = self.trainer.train(steps) or {}
+        if self._on_loop is not None:
+            self._on_loop(num_steps, time.perf_counter() - began)
+        end = self._step_now()
+        if end != start + num_steps:
+            logging.warning(
+                "`trainer.train(%d)` did not update `global_step` by %d: %d -> %d.",
+                num_steps, num_steps, start, end,
+            )  # fmt: skip
+        for action in self.train_actions:
+            action(output)
+        now, (then, before) = time.perf_counter(), self._rate_mark
+        rate = (end - before) / (now - then) if now > then else 0.0
+        self._rate_mark = (now, end)
+        if logging.level_info():
+            logging.info("train | step: %6d | steps/sec: %6.1f", end, rate)
+        # A new dict: an action may keep the one it received.
+        self.summary_manager.write_summaries({**output, "steps_per_second": rate})
+        self.summary_manager.flush()
+        return self._step_now()  # after the actions (a NaN rollback moves it)
+
+    def _step_now(self) -> int:
+        """The global step: the trainer's `last_step` (the step its last loop ended at, kept
+        current by a NaN rollback), else a read of the variable (an eager op)."""
+        step_now = getattr(self.trainer, "step_now", None)
+        return step_now() if step_now else int(self.global_step.numpy())
+
+    def restore_checkpoint(self, checkpoint_path: str | None = None) -> str | None:
+        """Restores `checkpoint_path`, or the newest readable checkpoint when None; with no
+        checkpoint at all, runs the manager's `init_fn` (`restore_or_initialize`). Eager;
+        returns the restored path or None."""
+        manager = self.checkpoint_manager
+        self._require("checkpoint_manager", for_method="restore_checkpoint")
+        with self.strategy.scope():
+            if checkpoint_path is not None:
+                checkpoints.restore(manager.checkpoint, checkpoint_path)
+                return checkpoint_path
+            if manager.latest_checkpoint is None:
+                return manager.restore_or_initialize()
+            path = checkpoints.restore_newest_readable(manager.checkpoint, manager)
+        if self._evaluated is not None:
+            self._recorded = int(self._evaluated.numpy())
+        if path:
+            logging.info("restored from checkpoint %s", path)
+            print(f"orbitask: resumed from {path} (step {int(self.global_step.numpy())})")
+        return path
+
+    def _due(self, step: int) -> bool:
+        saves = self._saves
+        if saves.step_due(step):
+            return True
+        # Saving is collective: every worker saves when any worker's clock says so.
+        return saves.every_secs is not None and cluster.any_worker(self.strategy, saves.time_due())
+
+    def _maybe_save_checkpoint(self, check_interval: bool = True) -> bool:
+        if not self._own_rule:
+            return super()._maybe_save_checkpoint(check_interval)
+        manager = self.checkpoint_manager
+        if manager is None:
+            return False
+        step = self._step_now()
+        if check_interval and not self._due(step):
+            return False
+        latest = manager.latest_checkpoint  # (an async save shows there once written)
+        if step == self._saved_step or (latest and latest.endswith(f"-{step}")):
+            return False  # already saved at this step
+        self._save(step)
+        return True
+
+    def _save(self, step: int) -> None:
+        self.checkpoint_manager.save(
+            checkpoint_number=step, check_interval=False, options=self._save_options
+        )
+        self._saves.fired(step)
+        self._saved_step = step
+        if self._evaluated is not None:
+            self._recorded = int(self._evaluated.numpy())
+
+
+def _clock(seconds: float | None, strategy: tf.distribute.Strategy | None = None):
+    """`stop()` for `Controller.train`: whether `seconds` passed since this call, on any worker
+    (None: no time rule). Eager."""
+    if seconds is None:
+        return None
+    start = time.monotonic()
+    strategy = strategy or tf.distribute.get_strategy()
+    return lambda: cluster.any_worker(strategy, time.monotonic() - start >= seconds)
+
+
+def eval_points(step: int, train_steps: int, interval: int | None) -> Iterator[int]:
+    """Yields the steps after `step` and up to `train_steps` that `train_and_evaluate`
+    evaluates at: the multiples of `interval` counted from 0, and `train_steps` (only it when
+    `interval` is None)."""
+    if step >= train_steps:
+        return
+    if interval:
+        yield from range((step // interval + 1) * interval, train_steps, interval)
+    yield train_steps
+
+
+def last_eval_point(step: int, train_steps: int, interval: int | None) -> int:
+    """The last of `train_and_evaluate`'s evaluation points at or before `step` (0: none)."""
+    if step >= train_steps:
+        return train_steps
+    return step // interval * interval if interval else 0

@@ -1,0 +1,329 @@
+"""Checks run before the first step: the model directory and the shape of the input data.
+
+Each failure is a one-line `ConfigError` saying what was expected, what was received and where
+to fix it, raised before any training work (or any checkpoint write) happens.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from typing import Any
+
+import tensorflow as tf
+
+from orbitask.tasks import keras_compat
+from orbitask.tasks.base import Task
+from orbitask.tasks.errors import one_line
+from orbitask.trainers.engine import evaluation, inputs, user_code
+from orbitask.trainers.errors import ConfigError
+from orbitask.trainers.state.input_position import IteratorInput
+
+
+def check_model_dir(model_dir: str) -> None:
+    """Creates `model_dir` if needed and proves it is writable."""
+    probe = os.path.join(model_dir, f".orbitask-write-test-{uuid.uuid4().hex}")
+    try:
+        tf.io.gfile.makedirs(model_dir)
+        with tf.io.gfile.GFile(probe, "w") as f:
+            f.write("ok")
+        tf.io.gfile.remove(probe)
+    except (tf.errors.OpError, OSError) as e:
+        reason = one_line(e, 200)
+        raise ConfigError(
+            f"--model_dir {model_dir!r} is not writable ({reason}); pass a directory you can "
+            "write to."
+        ) from e
+
+
+def _describe(spec: Any) -> str:
+    def one(s):
+        return f"{s.dtype.name}{list(s.shape)}" if hasattr(s, "shape") else type(s).__name__
+
+    return str(tf.nest.map_structure(one, spec)).replace("'", "")
+
+
+def _zeros(spec: Any, batch: int) -> Any:
+    def make(s):
+        dims = [d if d is not None else 1 for d in s.shape.as_list()]
+        if dims and s.shape[0] is None:
+            dims[0] = batch
+        return tf.zeros(dims, s.dtype) if s.dtype != tf.string else tf.fill(dims, "")
+
+    return tf.nest.map_structure(make, spec)
+
+
+def check_inputs(
+    task: Any,
+    element_spec: Any,
+    model: Any,
+    loss_fn: Any,
+    lr: Any,
+    per_replica_batch_size: int,
+    global_batch_size: int,
+    replicas: int,
+    training: bool = True,
+) -> None:
+    """Checks one batch's structure against what the task's default stages consume.
+
+    A task whose step is its own (`train_step` overridden, or `validation_step` for
+    `training=False`) owns its batch: nothing is checked. Otherwise, with the default
+    `input_pre` / `loss_pre` the batch must be an `(inputs, labels)` pair; with
+    the default `make_batches` its batch dimension must be `per_replica_batch_size`; and with the
+    default `train_step` a batch of zeros of that spec must go through `input_pre`, the model,
+    `loss_pre` and the loss eagerly, the loss being per-example losses or their sum.
+    """
+    where = "build_inputs" + ("" if training else " (training=False)")
+    kind = type(task)
+    step = (
+        (kind.train_step, Task.train_step)
+        if training
+        else (kind.validation_step, Task.validation_step)
+    )
+    if step[0] is not step[1]:
+        return
+    received = _describe(element_spec)
+    default_split = kind.input_pre is Task.input_pre or kind.loss_pre is Task.loss_pre
+    if default_split and not (isinstance(element_spec, (tuple, list)) and len(element_spec) == 2):
+        raise ConfigError(
+            f"{kind.__name__}.{where} must yield (inputs, labels) pairs for the default "
+            f"input_pre/loss_pre; received elements {received}. Return pairs, or override "
+            "input_pre and loss_pre."
+        )
+    leaves = [s for s in tf.nest.flatten(element_spec) if hasattr(s, "shape")]
+    if kind.make_batches is Task.make_batches and leaves:
+        if leaves[0].shape.rank == 0:
+            raise ConfigError(
+                f"{kind.__name__}.{where} yields unbatched elements {received}; batch them "
+                f"with per_replica_batch_size ({per_replica_batch_size}) or in make_batches."
+            )
+        size = leaves[0].shape[0]
+        if training and size is not None and size != per_replica_batch_size:
+            raise ConfigError(
+                f"{kind.__name__}.{where} yields batches of {size} but per_replica_batch_size "
+                f"is {per_replica_batch_size} (global_batch_size {global_batch_size} / "
+                f"{replicas} replicas); batch with the per_replica_batch_size argument."
+            )
+    if kind.train_step is Task.train_step and training:
+        _check_forward(task, element_spec, (model, loss_fn, lr), per_replica_batch_size, where)
+
+
+def _check_forward(task: Any, element_spec: Any, objects: tuple, batch_size: int, where: str):
+    """A batch of zeros of `element_spec` through `input_pre`, the model, `loss_pre` and the loss,
+    eagerly; the loss must be per-example losses or their sum."""
+    model, loss_fn, lr = objects
+    name = type(task).__name__
+    batch = _zeros(element_spec, batch_size)
+
+    def replica_loss(outputs):  # where the step computes it: in replica context
+        return loss_fn(task.loss_pre(outputs, batch, model, lr))
+
+    try:
+        # The model in cross-replica context: a model without an Input layer builds its weights.
+        outputs = model(task.input_pre(batch, lr), training=False)
+        strategy = tf.distribute.get_strategy()
+        loss = strategy.experimental_local_results(strategy.run(replica_loss, args=(outputs,)))[0]
+    except Exception as e:  # noqa: BLE001 -- one raised inside TF/Keras is a data/model mismatch
+        if user_code.raised_by_users_code(e):  # the user's bug, e.g. a NameError in loss_pre
+            e.add_note(
+                f"orbitask: raised by the check before the first step, which runs a batch of "
+                f"zeros shaped like {name}.{where}'s through input_pre, the model, loss_pre and "
+                "the loss, eagerly."
+            )
+            raise
+        raise ConfigError(
+            f"a batch from {name}.{where} ({_describe(element_spec)}) does not fit the model and "
+            f"loss: {type(e).__name__}: {one_line(e, 400)}"
+        ) from e
+    shape = getattr(loss, "shape", None)
+    per_example = shape is not None and shape.rank == 1 and shape[0] in (None, batch_size)
+    if shape is not None and shape.rank not in (0, None) and not per_example:
+        raise ConfigError(
+            f"{name}'s loss must return per-example losses (shape [batch], here [{batch_size}]) "
+            f"or their sum (a scalar); it returned shape {list(shape)}. Fix build_losses."
+        )
+
+
+def needs_losses(task: Any, training: bool, evaluating: bool) -> bool:
+    """Whether the run needs `task.build_losses()`: not when every step it runs is the task's own
+    and the task does not define it. Eager; returns the answer."""
+    kind = type(task)
+    own_steps = (not training or kind.train_step is not Task.train_step) and (
+        not evaluating or kind.validation_step is not Task.validation_step
+    )
+    return not (own_steps and kind.build_losses is Task.build_losses)
+
+
+def check_built_in_scope(task: Any, model: Any, strategy: Any) -> None:
+    """Refuses model weights made outside the strategy's scope (a model built when the task's
+    module was imported, not in `build_model`): replicas could not share them. Eager; returns
+    None.
+
+    Raises:
+      ConfigError: naming the first such weight.
+    """
+    if strategy.num_replicas_in_sync < 2:
+        return
+    models = model.values() if isinstance(model, dict) else [model]
+    for variable in (v for m in models for v in m.trainable_variables):
+        inner = variable if isinstance(variable, tf.Variable) else getattr(variable, "value", None)
+        if isinstance(inner, tf.Variable) and not strategy.extended.variable_created_in_scope(
+            inner
+        ):
+            name = getattr(variable, "path", None) or variable.name
+            raise ConfigError(
+                f"{type(task).__name__}.build_model() returned weights made outside the "
+                f"strategy's scope ({name}): build the model inside build_model, not when your "
+                "module is imported or in __init__."
+            )
+
+
+def checked_train_input(task: Any, strategy: Any, train_input: Any, objects: tuple) -> Any:
+    """`train_input` (`inputs.train_input`) checked before the first step: its position
+    checkpointable, and one batch of its spec through the model and loss. Builds the optimizer's
+    slots. Eager; returns `train_input`.
+
+    Args:
+      objects: `(model, loss_fn, lr, optimizer, train_metrics, global_batch_size)`.
+
+    Raises:
+      ConfigError: naming what does not fit.
+    """
+    model, loss_fn, lr, optimizer, metrics, global_batch_size = objects
+    replicas = strategy.num_replicas_in_sync
+    check_built_in_scope(task, model, strategy)
+    if isinstance(train_input, IteratorInput):
+        check_checkpointable_input(task, train_input.iterator)
+    spec, per_replica = train_input.element_spec, global_batch_size // replicas
+    check_inputs(task, spec, model, loss_fn, lr, per_replica, global_batch_size, replicas)
+    if _weightless(model) and type(task).train_step is not Task.train_step:
+        step = (model, optimizer, metrics, loss_fn, lr, global_batch_size)
+        _build_weights_with_a_dry_step(task, strategy, spec, per_replica, step)
+    # After check_inputs, which calls the model once: a Keras model without an Input layer only
+    # has weights from then on, and the optimizer must be built with them.
+    keras_compat.build_optimizer_slots(optimizer, trainable_variables(task, model), model)
+    return train_input
+
+
+def _weightless(model: Any) -> bool:
+    models = model.values() if isinstance(model, dict) else [model]
+    return not any(m.trainable_variables for m in models)
+
+
+class _NoUpdate:
+    """Stands in for an optimizer during a dry step: updates are skipped, the rest is its own."""
+
+    def __init__(self, optimizer: Any):
+        self._optimizer = optimizer
+
+    def apply_gradients(self, *args, **kwargs) -> None:
+        del args, kwargs
+
+    apply = minimize = apply_gradients
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._optimizer, name)
+
+
+def _build_weights_with_a_dry_step(task, strategy, spec, batch_size, step_objects):
+    """Builds the weights of a model without an `Input` layer for a task whose `train_step` is
+    its own: one eager step on a batch of zeros, on every replica, with the optimizer's updates
+    skipped (the trainer resets metrics before each loop; the default step builds the weights in
+    `check_inputs`)."""
+    model, optimizer, metrics, loss_fn, lr, global_batch_size = step_objects
+    stand_in = (
+        {k: _NoUpdate(v) for k, v in optimizer.items()}
+        if isinstance(optimizer, dict)
+        else _NoUpdate(optimizer)
+    )
+
+    def dry_step(batch):
+        return task.train_step(
+            batch,
+            model,
+            stand_in,
+            metrics,
+            loss_fn=loss_fn,
+            lr=lr,
+            global_batch_size=global_batch_size,
+        )
+
+    try:
+        strategy.run(dry_step, args=(_zeros(spec, batch_size),))
+    except Exception as e:
+        e.add_note(
+            "orbitask: raised by one dry train_step on a batch of zeros, which builds the weights "
+            "of a model without an Input layer (give it one to skip this)."
+        )
+        raise
+
+
+def trainable_variables(task: Any, model: Any) -> list:
+    """Returns the trainable variables of the model (or dict of models). Eager.
+
+    Raises:
+      ValueError: when there are none (a Keras model without an input shape has no weights
+        until it is first called).
+    """
+    models = model.values() if isinstance(model, dict) else [model]
+    variables = [v for m in models for v in m.trainable_variables]
+    if not variables:
+        raise ConfigError(
+            f"{type(task).__name__}.build_model() returned a model without trainable "
+            "weights; give it an input shape (e.g. keras.Input((64,)) as its first layer)."
+        )
+    return variables
+
+
+def check_finite_eval(task: Any, dataset: Any, eval_steps: int | None) -> None:
+    """Refuses an evaluation that would never end or has nothing to evaluate. Eager, before the
+    first step; returns None.
+
+    With `eval_steps` None the whole validation `dataset` (plain or distributed) is evaluated, so
+    it must be finite.
+
+    Raises:
+      ConfigError: when `build_inputs(training=False)` repeats forever and `eval_steps` is None,
+        or yields no batches (a validation input that is empty only when read is refused at the
+        first evaluation, `evaluation.empty_validation_error`).
+    """
+    cardinality = getattr(dataset, "cardinality", None)
+    if cardinality is None:
+        return
+    batches = int(cardinality() if callable(cardinality) else cardinality)
+    if batches == 0:  # a count TensorFlow cannot tell (e.g. after `filter`) waits for evaluation
+        raise evaluation.empty_validation_error(task)
+    if eval_steps is None and batches == tf.data.INFINITE_CARDINALITY:
+        raise ConfigError(
+            f"{type(task).__name__}.build_inputs(training=False) repeats forever and eval_steps "
+            "is None, so evaluation would never end; return a finite validation dataset (a "
+            "CallbackTask: pass validation_dataset=...), set run_experiment.eval_steps, or use "
+            "--mode=train."
+        )
+
+
+def check_checkpointable_input(task: Any, iterator: Any) -> None:
+    """Refuses a training input whose position a checkpoint cannot hold. Eager; returns None.
+
+    tf.data cannot save an iterator over a pipeline with a stateful op (e.g. `tf.random.uniform`
+    or `tf.image.random_flip_left_right` in a `map`); without this check the first checkpoint
+    would fail with a long traceback after `checkpoint_interval` steps. Saving the fresh
+    iterator into memory (no buffer is filled yet) takes tens of milliseconds, once.
+
+    Raises:
+      ConfigError: naming the stateful op and the stateless replacement.
+    """
+    if not isinstance(iterator, tf.data.Iterator):
+        return  # parameter_server: per-worker iterators, not checkpointed
+    try:
+        inputs.probe_save(iterator)
+    except tf.errors.FailedPreconditionError as e:
+        found = re.search(r"(\w+) is stateful", str(e))
+        op = found.group(1) if found else "a stateful op"
+        raise ConfigError(
+            f"{type(task).__name__}.build_inputs(training=True) uses {op}, a stateful op, so "
+            "checkpoints cannot save the input position; use stateless random ops in its map "
+            "(tf.random.stateless_uniform, tf.image.stateless_random_flip_left_right, ...) with "
+            "seeds from tf.data.Dataset.random() zipped in."
+        ) from e

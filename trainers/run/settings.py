@@ -1,0 +1,343 @@
+"""`run_experiment`'s settings, grouped (loop, checkpoints, evaluation, distribution, features),
+and their checks before any work: one line naming the setting and the fix (the type and range
+of each are `tasks.setting_rules.RULES`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import gin
+
+from orbitask.tasks import Task, setting_rules
+from orbitask.tasks.model_garden import GUIDE, ModelGardenTask
+from orbitask.trainers.actions import profiling
+from orbitask.trainers.errors import ConfigError
+
+MODES = ("train", "eval", "train_and_eval", "continuous_eval", "eval_all")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopSettings:
+    """How training steps run: length, batch, learning rate, device loops, compilation.
+
+    Attributes:
+      train_steps: the global step training stops at; None: `train_epochs` epochs of the
+        training input (one epoch when that is None too).
+      train_epochs: train this many epochs of a training input of known size (an
+        `IndexedInput`, or a finite `tf.data` dataset, which orbitask then repeats itself):
+        `train_steps` is computed from it when the input is built (`inputs.epoch_length`),
+        the fewest of any worker's. Only with `train_steps` None; a `continuous_eval` job
+        beside such a run does not know its last step and polls until it is stopped.
+      global_batch_size: one step's batch over all replicas; `build_inputs` gets
+        `global_batch_size / num_replicas_in_sync`.
+      learning_rate: the rate (float), or a `step -> rate` schedule such as
+        `@orbitask.learning_rate_schedule()`; kept in a checkpointed variable. None: the
+        optimizer's own rate (the default Nadam's is 1e-3); see `learning_rate.LearningRate`.
+      steps_per_loop: a device loop's steps; loops also end where a callback, an evaluation
+        or a checkpoint is due.
+      loop_seconds: loops of quick steps double, up to 100 x `steps_per_loop`, while one lasts
+        less than half this; None: loops stay at `steps_per_loop`.
+      use_tf_while_loop: run each device loop as one `tf.while_loop`.
+      jit_compile: compile the per-replica train step with XLA (`tf.function(jit_compile=True)`).
+      gradient_accumulation_steps: K batches of `global_batch_size` per optimizer update; the
+        global step and callbacks count updates.
+      seed: when set, seeds everything and enables op determinism (two fresh runs give
+        identical weights).
+      progress: show the progress display.
+    """
+
+    train_steps: int | None
+    global_batch_size: int = 64
+    learning_rate: Any = None
+    steps_per_loop: int = 100
+    loop_seconds: float | None = 1.0
+    use_tf_while_loop: bool = True
+    jit_compile: bool = False
+    gradient_accumulation_steps: int = 1
+    seed: int | None = None
+    progress: bool = True
+    train_epochs: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointSettings:
+    """When checkpoints are saved (also at the end, on SIGTERM and at early stop) and what a
+    fresh run starts from.
+
+    Attributes:
+      interval: `checkpoint_interval`: save at every multiple of this step (None: no step rule).
+      seconds: `checkpoint_seconds`: save after the first device loop that ends this many
+        seconds after the last save (None: no time rule).
+      warm_start: an `orbitask.WarmStart` copying model weights from a pretrained checkpoint
+        into a fresh run (never the optimizer, step or input position), or None.
+      input_positions: `keep_input_positions`: how many of the newest checkpoints keep a
+        `tf.data` input's position (its iterator state, one file per worker, under
+        `input/`); resuming from an older one restarts the input from its beginning.
+      asynchronous: `async_checkpoints`: the interval, time-rule and final saves copy the
+        values to host memory and return; a background thread writes the files while training
+        goes on. The next save, the end of the run, SIGTERM and an error wait for that write.
+        Under `multi_worker_mirrored` each worker writes so (the non-chief ones into their
+        temporary folders); under `parameter_server` the chief does.
+    """
+
+    interval: int | None = None
+    seconds: float | None = 600.0
+    warm_start: Any = None
+    input_positions: int = 3
+    asynchronous: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSettings:
+    """When and how much to evaluate, and what evaluation controls.
+
+    Attributes:
+      interval: `eval_interval`: train steps between evaluations in train_and_eval (None: only
+        at the end).
+      seconds: `eval_seconds`: in train_and_eval, also evaluate at the end of the first device
+        loop that ends this many seconds of training after the last evaluation (under
+        `multi_worker_mirrored`, on every worker when any worker's clock says so); None: by
+        steps only.
+      steps: `eval_steps`: validation steps per evaluation; None runs the whole dataset.
+      continuous_timeout: `continuous_eval_timeout`: in continuous_eval, seconds between checks
+        for a new checkpoint (default 30); it stops after evaluating the one at `train_steps`.
+      validation_control: an `orbitask.ValidationControl` (best-checkpoint export to `best/`,
+        LR halving on a worse validation, going back to the best, early stop), or None.
+      at_start: `eval_at_start`: in train_and_eval, a baseline evaluation before training, at
+        the starting step, unless the checkpoint records an evaluation already; the
+        validation control counts it as the first best.
+    """
+
+    interval: int | None = 500
+    seconds: float | None = None
+    steps: int | None = None
+    continuous_timeout: float | None = None
+    validation_control: Any = None
+    at_start: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributionSettings:
+    """Where the replicas run.
+
+    Attributes:
+      strategy: a name ("auto", "one_device", "mirrored", "multi_worker_mirrored",
+        "parameter_server") or a `tf.distribute.Strategy`.
+      cpu_devices: split the CPU into this many logical devices first; without GPUs, strategy
+        `auto` (or `mirrored`) then has that many replicas. Must be set before TensorFlow has
+        started.
+    """
+
+    strategy: Any = "auto"
+    cpu_devices: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureSettings:
+    """Optional features, each off (None) unless set.
+
+    Attributes:
+      nan_guard: an `orbitask.NanGuard` to skip steps whose loss or gradient is not finite and
+        roll back; None: the default update zeroes non-finite gradient entries, step taken.
+      mixed_precision: None, "mixed_float16" (the default step scales the loss dynamically and
+        skips overflowing steps) or "mixed_bfloat16"; the Keras policy of both flavours while
+        the model is built. Give the model a float32 output layer.
+      ema: an `orbitask.ExponentialMovingAverage`: evaluate and export the averaged weights.
+      histogram_interval: write histograms of the trainable variables every this many steps.
+      profile_steps: `(N, M)`: trace steps N..M into TensorBoard's profile format under
+        `train/plugins/profile/` (`trainers.profiling`); None: no profile.
+      export_at_end: when training ends (at `train_steps` or an early stop), write the model
+        as a SavedModel under `model_dir/export/<step>/` (`trainers.saved_model`), with the EMA
+        averages when `ema` is set.
+    """
+
+    nan_guard: Any = None
+    mixed_precision: str | None = None
+    ema: Any = None
+    histogram_interval: int | None = None
+    profile_steps: Any = None
+    export_at_end: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Every setting of a run, grouped. `from_flat` maps `run_experiment`'s arguments here."""
+
+    loop: LoopSettings
+    checkpoints: CheckpointSettings = CheckpointSettings()
+    evaluation: EvalSettings = EvalSettings()
+    distribution: DistributionSettings = DistributionSettings()
+    features: FeatureSettings = FeatureSettings()
+
+    @classmethod
+    def from_flat(cls, **flat: Any) -> Settings:
+        """Groups `run_experiment`'s keyword arguments (all but task, model_dir, mode; one left
+        out keeps its group's default). Eager; returns the Settings."""
+        if flat.get("train_epochs") is not None and flat.get("train_steps") is gin.REQUIRED:
+            flat["train_steps"] = None  # epochs set: TRAIN_STEPS need not be
+        groups = {}
+        for field, (group, names) in _FLAT.items():
+            given = {short: flat.pop(name) for name, short in names.items() if name in flat}
+            groups[field] = group(**given)
+        if flat:
+            raise ConfigError(f"unknown settings {sorted(flat)}; see run_experiment's arguments.")
+        return cls(**groups)
+
+
+def _same(cls) -> dict:
+    return {f.name: f.name for f in dataclasses.fields(cls)}
+
+
+# Settings field -> (group, {run_experiment argument: the group's field}).
+_FLAT = {
+    "loop": (LoopSettings, _same(LoopSettings)),
+    "checkpoints": (
+        CheckpointSettings,
+        {
+            "checkpoint_interval": "interval",
+            "checkpoint_seconds": "seconds",
+            "warm_start": "warm_start",
+            "keep_input_positions": "input_positions",
+            "async_checkpoints": "asynchronous",
+        },
+    ),
+    "evaluation": (
+        EvalSettings,
+        {
+            "eval_interval": "interval",
+            "eval_seconds": "seconds",
+            "eval_steps": "steps",
+            "continuous_eval_timeout": "continuous_timeout",
+            "validation_control": "validation_control",
+            "eval_at_start": "at_start",
+        },
+    ),
+    "distribution": (DistributionSettings, _same(DistributionSettings)),
+    "features": (FeatureSettings, _same(FeatureSettings)),
+}
+
+
+def flat(settings: Settings) -> dict[str, Any]:
+    """Returns `run_experiment`'s arguments (all but task, model_dir, mode) from `settings`,
+    the inverse of `Settings.from_flat`. Eager."""
+    values = {}
+    for field, (_, names) in _FLAT.items():
+        group = getattr(settings, field)
+        values.update({name: getattr(group, short) for name, short in names.items()})
+    return values
+
+
+def check(task: Any, model_dir: Any, mode: str, settings: Settings) -> None:
+    """Checks the settings that need no TensorFlow objects. Eager; returns None.
+
+    Raises:
+      ConfigError: naming the first bad setting and where to fix it.
+    """
+    loop, features = settings.loop, settings.features
+    for name, value in (
+        ("task", task),
+        ("model_dir", model_dir),
+        ("train_steps", loop.train_steps),
+    ):
+        if value is gin.REQUIRED:
+            raise ConfigError(
+                f"`{name}` is required and not set: bind it in your experiment's .gin file "
+                "(TASK, TRAIN_STEPS, or orbitask.run_experiment.train_epochs) or pass it to "
+                "run_experiment."
+            )
+    if mode not in MODES:
+        raise ConfigError(
+            f"`mode` must be one of {', '.join(MODES)}; received {mode!r}. Use --mode."
+        )
+    setting_rules.check("run_experiment", flat(settings))
+    if loop.train_steps is not None and loop.train_epochs is not None:
+        raise ConfigError(
+            f"Set train_steps or train_epochs, not both; received train_steps={loop.train_steps} "
+            f"and train_epochs={loop.train_epochs}. Set TRAIN_STEPS = None in your experiment's "
+            ".gin file to train by epochs, or unset orbitask.run_experiment.train_epochs."
+        )
+    if features.profile_steps is not None:
+        profiling.check(features.profile_steps)
+    if features.mixed_precision not in (None, "mixed_float16", "mixed_bfloat16"):
+        raise ConfigError(
+            "`mixed_precision` must be None, 'mixed_float16' or 'mixed_bfloat16'; received "
+            f"{features.mixed_precision!r}. Set run_experiment.mixed_precision in your .gin file."
+        )
+    _check_default_step(task, features.mixed_precision == "mixed_float16", loop)
+    if isinstance(task, ModelGardenTask):
+        task.check_global_batch_size(loop.global_batch_size)
+    if getattr(task, "replica_logs", None) not in (None, "mean", "sum"):
+        raise ConfigError(
+            f"`{type(task).__name__}.replica_logs` must be None, 'mean' or 'sum'; received "
+            f"{task.replica_logs!r}. Set it on your Task class (see Task.train_step)."
+        )
+    if not isinstance(model_dir, str) or not model_dir:
+        raise ConfigError(f"`model_dir` must be a non-empty path; received {model_dir!r}.")
+
+
+def _check_default_step(task: Any, float16: bool, loop: LoopSettings) -> None:
+    if type(task).train_step is Task.train_step:
+        return
+    name = type(task).__name__
+    if isinstance(task, ModelGardenTask):
+        feature = "mixed_precision" if float16 else "gradient_accumulation_steps"
+        if float16 or loop.gradient_accumulation_steps > 1:
+            raise ConfigError(_model_garden_refusal(task, feature))
+    if float16:
+        raise ConfigError(
+            f"mixed_float16 loss scaling needs the default train_step, but "
+            f"{name} overrides it; scale the loss in your train_step (see "
+            "README, Mixed precision) and use mixed_bfloat16, or keep the default step."
+        )
+    if loop.gradient_accumulation_steps > 1:
+        raise ConfigError(
+            f"gradient_accumulation_steps needs the default train_step, but "
+            f"{name} overrides it; accumulate in your train_step instead."
+        )
+
+
+def check_cpu_devices(wanted: int, got: int) -> None:
+    """Raises ValueError when TensorFlow started with another number of CPU devices."""
+    if got != wanted:
+        raise ConfigError(
+            f"`cpu_devices` is {wanted} but TensorFlow already started with {got} CPU "
+            "device(s); set it before anything else uses TensorFlow."
+        )
+
+
+def check_replicas(replicas: int, global_batch_size: int, jit_compile: bool) -> None:
+    """Raises ValueError for a global batch or an XLA setting the strategy cannot run."""
+    import tensorflow as tf
+
+    if global_batch_size % replicas:
+        raise ConfigError(
+            f"`global_batch_size` ({global_batch_size}) must be divisible by the number of "
+            f"replicas ({replicas}). Change run_experiment.global_batch_size."
+        )
+    if jit_compile and replicas > 1 and not tf.config.list_logical_devices("GPU"):
+        raise ConfigError(
+            f"`jit_compile=True` cannot run {replicas} replicas on logical CPU devices (XLA on "
+            "CPU reaches only the first one). Set run_experiment.jit_compile = False or use "
+            "strategy = 'one_device'."
+        )
+
+
+def check_nan_guard_step(task: Any) -> None:
+    """Raises ValueError when `task` overrides `train_step`, which the NaN guard needs."""
+    if isinstance(task, ModelGardenTask):
+        raise ConfigError(_model_garden_refusal(task, "nan_guard"))
+    if type(task).train_step is not Task.train_step:
+        raise ConfigError(
+            f"NanGuard needs the default train_step, but {type(task).__name__} "
+            "overrides it; remove run_experiment.nan_guard or skip non-finite steps "
+            "in your train_step."
+        )
+
+
+def _model_garden_refusal(task: ModelGardenTask, feature: str) -> str:
+    return (
+        f"run_experiment.{feature} needs orbitask's default train_step, and the Model Garden "
+        f"task {task.name} applies its gradients in its own; unset it (or use mixed_bfloat16, "
+        f"which needs no loss scaling), or port the task to orbitask's stages ({GUIDE})."
+    )

@@ -1,0 +1,1 @@
+"""Run state: the checkpoint, input position, random state, directory lock, SavedModel."""
