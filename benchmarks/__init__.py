@@ -1,1 +1,1 @@
-"""Throughput benchmarks (see README, "Performance") and fault injection."""
+"""Throughput benchmarks (see docs/performance.md) and fault injection."""

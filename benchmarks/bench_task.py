@@ -18,7 +18,7 @@ class BenchTask(Task):
         the default configuration ends a device loop anyway, so the gate adds no loop).
       callbacks: keep the default `every_steps` (`{10: print_loss}`); False removes them.
       prefetch: batches prefetched (None: the workload's default).
-      **task_kwargs: `tasks.Task` arguments (e.g. `train_prefetch`).
+      **task_kwargs: `tasks.Task` arguments (e.g. `clip_norm`).
     """
 
     def __init__(

@@ -7,8 +7,8 @@ autotuned `prefetch(tf.data.AUTOTUNE)` doubles its buffer whenever the training 
 empty (most often when input-bound), up to tf.data's RAM budget, and every checkpoint saves the
 whole buffer (tf.data's symbolic checkpointing leaves it out but slows the pipeline 5x, see
 trainers/engine/inputs.py). orbitask replaces a final `prefetch(tf.data.AUTOTUNE)` by
-`prefetch(Task.train_prefetch)` (4); `train_prefetch=None` keeps the autotuned buffer. Prints
-the size of every kept checkpoint for: the autotuned buffer kept, the same pipeline with
+`prefetch(run_experiment.train_prefetch)` (4); `train_prefetch=None` keeps the autotuned buffer.
+Prints the size of every kept checkpoint for: the autotuned buffer kept, the same pipeline with
 orbitask's default, and a pipeline written with `prefetch(2)` (default configuration but a
 checkpoint every 100 steps, callbacks off so the output stays short).
 
@@ -16,7 +16,8 @@ checkpoint every 100 steps, callbacks off so the output stays short).
 
 instead saves the input position alone for batches of 32 and 128 random 224x224x3 float32
 images (18.4 and 73.5 MiB) ending in `prefetch(AUTOTUNE)`: with orbitask's default (4 steps, at
-most `Task.train_prefetch_bytes` = 64 MiB of them, at least one) and without the byte bound.
+most `run_experiment.train_prefetch_bytes` = 64 MiB of them, at least one) and without the
+byte bound.
 """
 
 from __future__ import annotations
@@ -66,15 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         ("prefetch(AUTOTUNE), default train_prefetch", tf.data.AUTOTUNE, {}),
         ("prefetch(2)", 2, {}),
     )
-    for label, prefetch, task_kwargs in settings:
-        task = BenchTask(
-            args.workload,
-            lambda: None,
-            [],
-            callbacks=False,
-            prefetch=prefetch,
-            **task_kwargs,
-        )
+    for label, prefetch, run_kwargs in settings:
+        task = BenchTask(args.workload, lambda: None, [], callbacks=False, prefetch=prefetch)
         with tempfile.TemporaryDirectory() as model_dir:
             started = time.perf_counter()
             with contextlib.redirect_stdout(io.StringIO()):
@@ -86,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                     global_batch_size=batch,
                     checkpoint_interval=100,
                     progress=False,
+                    **run_kwargs,
                 )
             seconds = time.perf_counter() - started
             sizes = sizes_kib(model_dir)
@@ -104,6 +99,7 @@ def big_batches() -> int:
 
     from orbitask.tasks import Task
     from orbitask.trainers.engine import inputs
+    from orbitask.trainers.engine.prefetch import Prefetch
 
     class Images(Task):
         def build_inputs(self, per_replica_batch_size, input_context=None, training=True):
@@ -116,8 +112,9 @@ def big_batches() -> int:
     settings = (("default (64 MiB)", 64 * 2**20), ("train_prefetch_bytes=None", None))
     for batch in (32, 128):
         for label, limit in settings:
-            task = Images(train_prefetch_bytes=limit)
-            iterator = inputs.train_iterator(task, tf.distribute.get_strategy(), batch)
+            strategy = tf.distribute.get_strategy()
+            bound = Prefetch(max_bytes=limit)
+            iterator = inputs.train_iterator(Images(), strategy, batch, prefetch=bound)
             next(iterator)
             time.sleep(5)  # the prefetch thread fills its buffer
             with tempfile.TemporaryDirectory() as directory:

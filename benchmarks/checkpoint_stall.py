@@ -37,7 +37,8 @@ def timed_run(model_dir: str, hidden: tuple, steps: int, every: int, asynchronou
     class Timed(ExperimentRunner):
         def build(self):
             super().build()
-            manager, save, sync = self.manager, self.manager.save, self.manager.sync
+            manager = self.checkpointing.manager
+            save, sync = manager.save, manager.sync
 
             def timed_save(*args, **kwargs):
                 start = time.perf_counter()
@@ -53,17 +54,11 @@ def timed_run(model_dir: str, hidden: tuple, steps: int, every: int, asynchronou
             manager.save, manager.sync = timed_save, timed_sync
 
     settings = Settings.from_flat(
-        train_steps=steps, global_batch_size=64, learning_rate=None, steps_per_loop=every,
-        loop_seconds=None, use_tf_while_loop=True, jit_compile=False,
-        gradient_accumulation_steps=1, seed=None, progress=False, checkpoint_interval=every,
-        checkpoint_seconds=None, warm_start=None, keep_input_positions=3,
-        async_checkpoints=asynchronous, eval_interval=None, eval_steps=None,
-        continuous_eval_timeout=None, validation_control=None, strategy="one_device",
-        cpu_devices=None, nan_guard=None, mixed_precision=None, ema=None,
-        histogram_interval=None, profile_steps=None, export_at_end=False,
+        train_steps=steps, global_batch_size=64, steps_per_loop=every, loop_seconds=None,
+        progress=False, checkpoint_interval=every, checkpoint_seconds=None, max_to_keep=2,
+        async_checkpoints=asynchronous, eval_interval=None, strategy="one_device",
     )  # fmt: skip
     task = DigitsClassification(hidden_units=hidden)
-    task.max_to_keep = 2
     start = time.perf_counter()
     Timed(task, model_dir, "train", settings).run()
     wall = time.perf_counter() - start

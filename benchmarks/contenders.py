@@ -149,7 +149,7 @@ def run_orbitask(
     if not checkpoints:  # saved once, at the end
         bindings.append("orbitask.run_experiment.checkpoint_seconds = None")
     if keep_autotune:  # the workload's prefetch(AUTOTUNE) stays
-        bindings.append("orbitask.Task.train_prefetch = None")
+        bindings.append("orbitask.run_experiment.train_prefetch = None")
     if fixed_loops:
         bindings.append("orbitask.run_experiment.loop_seconds = None")
     parse_gin([os.path.join(REPO_ROOT, "configs", "defaults.gin")], bindings)

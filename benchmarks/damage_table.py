@@ -121,7 +121,9 @@ def run_case(case: Case, base: Path, reference: dict, workdir: Path) -> dict:
     damaged = {name for name, digest in _digests(model).items() if before.get(name) != digest}
     cmd = _command(model, FINAL, case.extra)
     if case.concurrent:  # a long run holds the directory while the second one starts
-        first = faults.start(_command(model, 50 * FINAL, ("orbitask.Task.max_to_keep=1000",)))
+        first = faults.start(
+            _command(model, 50 * FINAL, ("orbitask.run_experiment.max_to_keep=1000",))
+        )
         try:
             faults.wait_for_checkpoint(model, first, min_step=SAVED_AT + 20)
             result = faults.run(cmd)

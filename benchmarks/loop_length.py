@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         contextlib.redirect_stdout(quiet),  # progress display and print_loss
     ):
         controller = build_orbitask(workload, SHORT, model_dir)
-        controller.trainer._train_iter = shared  # noqa: SLF001
+        controller.trainer.set_train_iterator(shared)
         step = [int(controller.global_step.numpy())]
 
         def hand_written(length):

@@ -137,13 +137,13 @@ def main(argv: list[str] | None = None) -> int:
         default = build_orbitask(workload, k, os.path.join(model_dir, "default"))
         silent = build_orbitask(workload, k, os.path.join(model_dir, "quiet"), quiet=True)
         trainer = default.trainer
-        loop_fn = trainer._train_loop_fn  # noqa: SLF001
-        plain_fn = silent.trainer._train_loop_fn  # noqa: SLF001
+        loop_fn = trainer._loop_fn  # noqa: SLF001
+        plain_fn = silent.trainer._loop_fn  # noqa: SLF001
 
         steps = {}  # controller -> its global step (one count for all its variants)
         for controller in (default, silent):
             steps[controller] = int(controller.global_step.numpy())
-            controller.trainer._train_iter = shared  # noqa: SLF001
+            controller.trainer.set_train_iterator(shared)
 
         def counted(controller, call):
             def run():

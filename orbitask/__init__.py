@@ -8,9 +8,39 @@ the package changes nothing and imports little: each public name loads its modul
 """
 
 import importlib
+from typing import TYPE_CHECKING
 
 from orbitask import tasks as _tasks
 from orbitask import trainers as _trainers
+
+if TYPE_CHECKING:  # what editors and type checkers read; at runtime each name loads on first use
+    from orbitask.tasks.base import Task as Task
+    from orbitask.tasks.callback_task import CallbackTask as CallbackTask
+    from orbitask.tasks.callbacks import CallbackContext as CallbackContext
+    from orbitask.tasks.callbacks import deferred as deferred
+    from orbitask.tasks.callbacks import print_loss as print_loss
+    from orbitask.tasks.callbacks import print_step as print_step
+    from orbitask.tasks.examples.digits import DigitsClassification as DigitsClassification
+    from orbitask.tasks.examples.digits_cnn import DigitsCNN as DigitsCNN
+    from orbitask.tasks.examples.digits_gan import DigitsGAN as DigitsGAN
+    from orbitask.tasks.examples.digits_parity import DigitsParity as DigitsParity
+    from orbitask.tasks.indexed_input import IndexedInput as IndexedInput
+    from orbitask.tasks.model_garden import ModelGardenTask as ModelGardenTask
+    from orbitask.tasks.multi_task import MultiTask as MultiTask
+    from orbitask.trainers.distribution.strategies import build_strategy as build_strategy
+    from orbitask.trainers.distribution.strategies import logical_cpus as logical_cpus
+    from orbitask.trainers.engine.trainer import TaskTrainer as TaskTrainer
+    from orbitask.trainers.errors import ConfigError as ConfigError
+    from orbitask.trainers.errors import NonFiniteLossError as NonFiniteLossError
+    from orbitask.trainers.errors import Preempted as Preempted
+    from orbitask.trainers.features.ema import ExponentialMovingAverage as ExponentialMovingAverage
+    from orbitask.trainers.features.learning_rate import (
+        learning_rate_schedule as learning_rate_schedule,
+    )
+    from orbitask.trainers.features.nan_guard import NanGuard as NanGuard
+    from orbitask.trainers.features.validation_control import ValidationControl as ValidationControl
+    from orbitask.trainers.features.warm_start import WarmStart as WarmStart
+    from orbitask.trainers.run.experiment import run_experiment as run_experiment
 
 __all__ = sorted([*_tasks.__all__, *_trainers.__all__])
 

@@ -1,6 +1,23 @@
 """orbitask tasks: the `Task` base class, the seed-style `CallbackTask` and built-in tasks."""
 
+from typing import TYPE_CHECKING
+
 from orbitask.lazy import exports
+
+if TYPE_CHECKING:  # what editors and type checkers read; at runtime each name loads on first use
+    from orbitask.tasks.base import Task as Task
+    from orbitask.tasks.callback_task import CallbackTask as CallbackTask
+    from orbitask.tasks.callbacks import CallbackContext as CallbackContext
+    from orbitask.tasks.callbacks import deferred as deferred
+    from orbitask.tasks.callbacks import print_loss as print_loss
+    from orbitask.tasks.callbacks import print_step as print_step
+    from orbitask.tasks.examples.digits import DigitsClassification as DigitsClassification
+    from orbitask.tasks.examples.digits_cnn import DigitsCNN as DigitsCNN
+    from orbitask.tasks.examples.digits_gan import DigitsGAN as DigitsGAN
+    from orbitask.tasks.examples.digits_parity import DigitsParity as DigitsParity
+    from orbitask.tasks.indexed_input import IndexedInput as IndexedInput
+    from orbitask.tasks.model_garden import ModelGardenTask as ModelGardenTask
+    from orbitask.tasks.multi_task import MultiTask as MultiTask
 
 __all__, __getattr__, __dir__ = exports(
     __name__,

@@ -84,7 +84,7 @@ class CallbackTask(Task):
       every_steps, at_step: `{N: fn}` tables of seed-style callbacks. `every_steps` defaults to
         the seed's `{10: print_loss}`; pass `{}` to turn it off.
       validation_dataset: optional `dataset = validation_dataset(per_replica_batch_size)` for eval.
-      **task_kwargs: passed to `Task` (clip_norm, optimizer_epsilon, max_to_keep, ...).
+      **task_kwargs: passed to `Task` (clip_norm, optimizer_epsilon, keras_flavour, name).
     """
 
     def __init__(

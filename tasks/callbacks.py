@@ -19,15 +19,15 @@ from __future__ import annotations
 import dataclasses
 import re
 import sys
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
-from tensorboard.plugins.scalar import metadata as scalar_metadata
 
 from orbitask.tasks.errors import ConfigError
+from orbitask.tasks.scalar_batch import ScalarBatch
+from orbitask.tasks.setting_rules import POSITIVE_INT, require
 
 Callback = Callable[[Any, "CallbackContext"], None]
 
@@ -46,6 +46,8 @@ class CallbackContext:
       checkpoint, manager: the `tf.train.Checkpoint` and `tf.train.CheckpointManager`.
       strategy: the `tf.distribute.Strategy` the step runs under.
       summary_writer: the train summary writer (already the default writer during the call).
+      scalars: the train writer's `tasks.scalar_batch.ScalarBatch`, where a deferred
+        callback's `batch` keeps scalar points written with the loop outputs; None: none kept.
     """
 
     step: int
@@ -58,6 +60,7 @@ class CallbackContext:
     manager: tf.train.CheckpointManager
     strategy: tf.distribute.Strategy
     summary_writer: Any = None
+    scalars: ScalarBatch | None = None
 
     @property
     def loss(self) -> float | None:
@@ -94,8 +97,9 @@ def deferred(fn: Callback, batch: Callable | None = None) -> Callback:
     Metrics (`logs` entries computed from Keras metrics) are only there for the loop's last
     step. `batch(task, contexts)`, if given, replaces the per-step calls of one loop (e.g. to
     write all their summaries at once); it may run without a default summary writer, so it
-    writes through `contexts[i].summary_writer` (e.g. with `keep_scalars`). Not for callbacks
-    that change the model, optimizer or learning rate: those must run at their exact step.
+    writes through `contexts[i].summary_writer` or keeps points in `contexts[i].scalars`. Not
+    for callbacks that change the model, optimizer or learning rate: those must run at their
+    exact step.
     """
     fn.deferred = True
     fn.run_batch = batch
@@ -125,7 +129,8 @@ def print_loss(task: Any, ctx: CallbackContext) -> None:
 
 def _print_losses(task: Any, contexts: Sequence[CallbackContext]) -> None:
     """`print_loss` for all the steps of one device loop: one write to stdout; the summary
-    points join the writer's kept scalars (`keep_scalars`), written with the loop outputs."""
+    points join the train writer's kept scalars (`CallbackContext.scalars`), written with the
+    loop outputs."""
     del task
     points = [(c.step, c.losses) for c in contexts]
     points = [(step, losses) for step, losses in points if losses]
@@ -133,120 +138,13 @@ def _print_losses(task: Any, contexts: Sequence[CallbackContext]) -> None:
         return
     sys.stdout.write("".join(f"step {step}: {format_losses(ls)}\n" for step, ls in points))
     sys.stdout.flush()
-    writer = contexts[0].summary_writer  # (a worker without summaries drops what it keeps)
-    if writer is not None:
+    scalars = contexts[0].scalars  # (a worker without summaries drops what it keeps)
+    if scalars is not None:
         for name in dict.fromkeys(name for _, losses in points for name in losses):
-            keep_scalars(writer, name, [(step, ls[name]) for step, ls in points if name in ls])
+            scalars.keep(name, [(step, ls[name]) for step, ls in points if name in ls])
 
 
 deferred(print_loss, batch=_print_losses)
-
-_SCALAR_WRITERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # writer -> {tag: [(step, v)]}
-_TAKEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # writer -> {tag: last point}
-_METADATA: dict[str, bytes] = {}
-
-
-def keep_scalars(writer: Any, tag: str, points: Sequence[tuple[int, float]]) -> None:
-    """Keeps scalar points `(step, value)` of `tag` for `writer` until `write_kept_scalars`.
-
-    Eager; returns None. A traced write costs far more per call than per point, so the
-    trainer's summaries and `print_loss` keep their points and write them every few loops.
-    A point equal to the tag's last one (the loop's `loss`, kept by both the summaries and
-    `print_loss`), kept or already taken for writing, is not kept twice.
-    """
-    kept = _KEPT.setdefault(writer, {}).setdefault(tag, [])
-    last = kept[-1] if kept else _TAKEN.get(writer, {}).get(tag)
-    for point in points:
-        if point != last:
-            kept.append(point)
-            last = point
-
-
-def write_kept_scalars(writer: Any, write: bool = True) -> bool:
-    """Writes every point kept for `writer`, all tags in one traced call (or, with
-    `write=False`, drops them: a worker that keeps no summaries). Eager.
-
-    Returns whether anything was written.
-    """
-    kept = take_kept_scalars(writer)
-    if not write or kept is None:
-        return False
-    write_points(writer, *kept)
-    return True
-
-
-def take_kept_scalars(writer: Any) -> tuple[list, list, list] | None:
-    """Removes and returns the points kept for `writer` as `(tags, steps, values)`, or None.
-
-    Host only; `write_points` writes them (possibly on another thread).
-    """
-    kept = _KEPT.pop(writer, {})
-    if not kept:
-        return None
-    taken = _TAKEN.setdefault(writer, {})
-    taken.update({tag: points[-1] for tag, points in kept.items() if points})
-    tags, steps, values = [], [], []
-    for tag, points in sorted(kept.items()):
-        for step, value in points:
-            tags.append(tag)
-            steps.append(step)
-            values.append(value)
-    return tags, steps, values
-
-
-def write_scalars(writer: Any, tag: str, steps: Sequence[int], values: Sequence[float]) -> None:
-    """Writes `values[i]` at `steps[i]` as scalar summaries `tag` into `writer`. Eager.
-
-    One traced call for all points, traced once per writer: tags, their metadata and the number
-    of points are inputs, so it is much cheaper than one eager `tf.summary.scalar` a point.
-    Zero points write nothing, which makes a call with none a warm-up. Returns None.
-    """
-    write_points(writer, [tag] * len(steps), steps, values)
-
-
-def write_points(
-    writer: Any, tags: Sequence[str], steps: Sequence[int], values: Sequence[float]
-) -> None:
-    """Writes scalar `values[i]` of `tags[i]` at `steps[i]` into `writer`: one traced call.
-
-    Eager; returns None. Safe on a thread other than the training loop's (the writer resource
-    serializes its writes); the first call for a writer traces, so make it on one thread.
-    """
-    fn = _SCALAR_WRITERS.get(writer)
-    if fn is None:
-
-        @tf.function(
-            input_signature=[
-                tf.TensorSpec([None], tf.string),
-                tf.TensorSpec([None], tf.int64),
-                tf.TensorSpec([None], tf.float32),
-                tf.TensorSpec([None], tf.string),
-            ]
-        )
-        def fn(tags, steps, values, metadata):
-            # `tf.summary.write`, not `scalar`: the loop's name scope would prefix the tag.
-            with writer.as_default(), tf.summary.record_if(True):
-                for i in tf.range(tf.size(steps)):
-                    tf.summary.write(tags[i], values[i], step=steps[i], metadata=metadata[i])
-
-        _SCALAR_WRITERS[writer] = fn
-    n = len(tags)
-    fn(
-        tf.constant(list(tags), tf.string, shape=[n]),
-        tf.constant(steps, tf.int64, shape=[n]),
-        tf.constant(values, tf.float32, shape=[n]),
-        tf.constant([_scalar_metadata(tag) for tag in tags], tf.string, shape=[n]),
-    )
-
-
-def _scalar_metadata(tag: str) -> bytes:
-    """The serialized TensorBoard scalar-plugin metadata of `tag` (made once per tag)."""
-    metadata = _METADATA.get(tag)
-    if metadata is None:
-        metadata = scalar_metadata.create_summary_metadata(display_name=tag, description="")
-        metadata = _METADATA[tag] = metadata.SerializeToString()
-    return metadata
 
 
 def print_step(task: Any, ctx: CallbackContext) -> None:
@@ -262,15 +160,17 @@ def as_callback_lists(table: Mapping[int, Any] | None, name: str) -> dict[int, l
     """Normalises `{N: fn or [fn, ...]}` and checks that every N is a positive int.
 
     Raises:
-      ValueError: naming the table and the bad key.
+      ConfigError: naming the table and the bad key or value.
     """
     out: dict[int, list[Callback]] = {}
     for key, value in (table or {}).items():
-        if isinstance(key, bool) or not isinstance(key, int) or key < 1:
-            raise ConfigError(
-                f"`{name}` keys must be positive integers (steps); received {key!r}. "
-                f"Fix the `{name}` table of your Task."
-            )
+        require(
+            POSITIVE_INT,
+            key,
+            f"`{name}` keys",
+            f"Fix the `{name}` table of your Task.",
+            must="must be positive integers (steps)",
+        )
         fns = list(value) if isinstance(value, (list, tuple)) else [value]
         for fn in fns:
             if not callable(fn):

@@ -8,7 +8,8 @@ The rule, for the logs a `validation_step` returns on each replica:
 - without it, each key is the mean of its per-replica, per-step values (Model Garden's rule for a
   step that returns its batch's mean loss, as Keras and Model Garden steps do).
 
-Both run eagerly, once per evaluation step and once per evaluation.
+Both run eagerly, once per evaluation step and once per evaluation. `to_python` turns a log value
+(a tensor, a NumPy scalar) into what the logs hold: a Python float for a number.
 """
 
 from __future__ import annotations
@@ -41,4 +42,17 @@ def reduce(state: Any) -> dict:
     divisor = count if count else values
     if divisor:
         logs = {k: v / divisor for k, v in logs.items()}
-    return {k: float(v) if np.ndim(v) == 0 else v for k, v in logs.items()}
+    return {k: to_python(v) for k, v in logs.items()}
+
+
+def to_python(value: Any) -> Any:
+    """Returns a log value in Python terms. Eager.
+
+    A tensor gives its value; a numeric or boolean scalar becomes a Python float, another scalar
+    (a string) its Python value; an array stays a NumPy array, and anything else is returned as
+    it is.
+    """
+    value = value.numpy() if hasattr(value, "numpy") else value
+    if isinstance(value, (np.generic, np.ndarray)) and np.ndim(value) == 0:
+        return float(value) if value.dtype.kind in "biuf" else value.item()
+    return value

@@ -33,6 +33,7 @@ from typing import Any
 import tensorflow as tf
 
 from orbitask.tasks.errors import ConfigError
+from orbitask.tasks.setting_rules import POSITIVE_INT, require
 
 _SEED_PAD = 498247692  # the first of the shuffle's three seed words, as in index_shuffle
 
@@ -67,9 +68,7 @@ class IndexedInput:
 
     def __post_init__(self):
         for name in ("size", "batch_size", "prefetch"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"IndexedInput.{name} must be a positive int; got {value!r}.")
+            require(POSITIVE_INT, getattr(self, name), f"`IndexedInput.{name}`")
 
     @classmethod
     def from_tensors(cls, tensors: Any, batch_size: int, **kwargs) -> IndexedInput:

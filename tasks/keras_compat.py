@@ -91,7 +91,7 @@ def build_optimizer_slots(optimizer: Any, variables: list, model: Any = None) ->
     """Creates a Keras 3 optimizer's slots eagerly (it fails when built inside tf.function).
 
     tf_keras optimizers are left to build lazily on the first step: built eagerly inside a
-    MirroredStrategy scope, tf_keras Nadam makes replicas diverge (DESIGN, known traps).
+    MirroredStrategy scope, tf_keras Nadam makes replicas diverge.
     A dict of optimizers is built per key with the variables of `model[key]` (a dict of models
     with the same keys). Eager; returns None.
     """
@@ -287,155 +287,36 @@ def layer_generator(obj: Any) -> tf.random.Generator | None:
     return generator if isinstance(generator, tf.random.Generator) else None
 
 
-class ExtraLoss:
-    """A model's extra losses (`model.losses`) by how they depend on the batch. Traced.
-
-    `once`: terms that do not depend on the batch (weight regularisers), counted once per step.
-    `batch_mean`: means over the replica's batch (Keras' activity regularisers, which both
-    flavours divide by the batch size), weighted by the replica's share of the examples.
-    `batch_sum`: sums over the replica's batch (`add_loss(rate * sum(inputs))`, as in the Keras
-    guides), added up over replicas. Each is a float32 scalar or the Python number 0.
-
-    Adding a tensor or a number adds to `once`; as a tensor it is the sum of all three, the one
-    device's value of a step on one batch (the seed's `extra_loss`).
-    """
-
-    def __init__(self, once: Any = 0.0, batch_mean: Any = 0.0, batch_sum: Any = 0.0):
-        self.once = once
-        self.batch_mean = batch_mean
-        self.batch_sum = batch_sum
-
-    def total(self) -> Any:
-        """The sum of the three terms (a tensor, or 0.0 when all are the Python number 0)."""
-        return _add_terms([self.once, self.batch_mean, self.batch_sum])
-
-    def __add__(self, other: Any) -> ExtraLoss:
-        if isinstance(other, ExtraLoss):
-            return ExtraLoss(
-                _add_terms([self.once, other.once]),
-                _add_terms([self.batch_mean, other.batch_mean]),
-                _add_terms([self.batch_sum, other.batch_sum]),
-            )
-        return ExtraLoss(_add_terms([self.once, other]), self.batch_mean, self.batch_sum)
-
-    __radd__ = __add__
-
-    def __float__(self) -> float:
-        return float(self.total())
-
-
-def _extra_loss_to_tensor(value: ExtraLoss, dtype=None, name=None, as_ref=False) -> tf.Tensor:
-    del as_ref
-    return tf.convert_to_tensor(value.total(), dtype=dtype, name=name)
-
-
-tf.register_tensor_conversion_function(ExtraLoss, _extra_loss_to_tensor)
-
-# How a call-time `add_loss` term that is not an activity regulariser depends on the batch
-# (`Task.added_losses`).
-ADDED_LOSS_KINDS = ("batch_sum", "batch_mean", "once")
-
-
-def extra_losses(model: Any, added_losses: str = "batch_sum") -> ExtraLoss:
-    """Returns `model.losses` sorted by kind (`ExtraLoss`), after the model's call. Traced.
-
-    Weight regularisers are `once`, activity regularisers `batch_mean`, and other terms added in
-    `call` the kind `added_losses` names. A model of neither Keras flavour, or a dict of models:
-    every term of `model.losses` is `once`.
-    """
+def model_loss_terms(model: Any) -> tuple[list, list, list] | None:
+    """`(weight, activity, added)`: the terms of a Keras model's `model.losses` after its call,
+    by source: weight regularisers, activity regularisers (means over the batch) and the other
+    terms its layers add with `add_loss` in `call`. None for a model of neither flavour or a dict
+    of models. Reads each flavour's private per-layer loss lists. Traced."""
     flavour = model_flavour(model) if not isinstance(model, dict) else None
     if flavour is None:
-        losses = getattr(model, "losses", None) or []
-        return ExtraLoss(once=_add_terms(list(losses)))
-    terms = {"once": [], "batch_mean": [], "batch_sum": [], "added": []}
-    for layer in model._flatten_layers(include_self=True):
+        return None
+    activity, added = [], []
+    for layer in model._flatten_layers(include_self=True):  # noqa: SLF001
         if flavour == KERAS3:
-            own = layer._get_own_losses()
-            activity = layer.activity_regularizer is not None
+            own = layer._get_own_losses()  # noqa: SLF001
+            is_activity = layer.activity_regularizer is not None
         else:
-            own = list(layer._losses)
-            activity = getattr(layer, "_activity_regularizer", None) is not None
-        terms["batch_mean" if activity else "added"].extend(own)
+            own = list(layer._losses)  # noqa: SLF001
+            is_activity = getattr(layer, "_activity_regularizer", None) is not None
+        (activity if is_activity else added).extend(own)
     if flavour == KERAS3:
-        terms["once"] = model._get_regularization_losses()
+        weight = model._get_regularization_losses()  # noqa: SLF001
     else:
-        terms["once"] = [fn() for layer in model._flatten_layers() for fn in layer._callable_losses]
-        terms["once"] = [t for t in terms["once"] if t is not None]
-    terms[added_losses].extend(terms.pop("added"))
-    return ExtraLoss(*(_add_terms(terms[k]) for k in ("once", "batch_mean", "batch_sum")))
+        layers = model._flatten_layers()  # noqa: SLF001
+        weight = [fn() for layer in layers for fn in layer._callable_losses]  # noqa: SLF001
+        weight = [t for t in weight if t is not None]
+    return weight, activity, added
 
 
-def _add_terms(terms: list) -> Any:
-    """The float32 sum of loss terms; the Python number 0.0 when there are none (no op)."""
-    tensors = []
-    for term in terms:
-        if isinstance(term, (int, float)) and not isinstance(term, bool):
-            if term == 0:
-                continue
-        term = tf.cast(term, tf.float32)
-        tensors.append(term if term.shape.rank == 0 else tf.reduce_sum(term))
-    return tf.add_n(tensors) if tensors else 0.0
-
-
-_RECORDING: list = []  # the set of marked values of the recording in effect (at most one)
-
-
-@contextlib.contextmanager
-def recording_global_losses() -> Iterator[set]:
-    """While steps are traced, records the values that are already a share of the global batch's
-    mean: Keras 3 loss objects' mean results (which divide by the replica count under
-    tf.distribute) and `tf.nn.compute_average_loss`'s. Yields the set of their `ref()`s. Eager,
-    around a run or a trace (nested: the outer recording's set). A log computed from such a
-    value is summed over replicas to give one device's number (`trainers.steps.Finish`), and the
-    default steps turn such a loss back into its replica's share (`is_global_share`).
-    """
-    if _RECORDING:
-        yield _RECORDING[0]
-        return
+def keras_loss_module() -> Any:
+    """Keras 3's private `keras.src.losses.loss`, whose `scale_loss_for_distribution` divides a
+    loss object's mean by the replica count under tf.distribute (`tasks.replica_logs` records
+    its results). Eager."""
     from keras.src.losses import loss as keras_loss
 
-    marked: set = set()
-    scale, average = keras_loss.scale_loss_for_distribution, tf.nn.compute_average_loss
-
-    def marking(fn):
-        def wrapper(*args, **kwargs):
-            value = fn(*args, **kwargs)
-            if tf.is_tensor(value) and not tf.executing_eagerly():
-                marked.add(value.ref())
-            return value
-
-        return wrapper
-
-    keras_loss.scale_loss_for_distribution = marking(scale)
-    tf.nn.compute_average_loss = marking(average)
-    _RECORDING.append(marked)
-    try:
-        yield marked
-    finally:
-        keras_loss.scale_loss_for_distribution = scale
-        tf.nn.compute_average_loss = average
-        _RECORDING.clear()
-
-
-def is_global_share(value: Any) -> bool:
-    """Whether a traced loss comes from a Keras 3 loss object's mean or `compute_average_loss`
-    (recorded by `recording_global_losses`), i.e. is its replica's mean divided by the replica
-    count. Traced."""
-    return bool(_RECORDING) and derives_from(value, _RECORDING[0])
-
-
-def derives_from(value: Any, marked: set) -> bool:
-    """Whether a traced tensor is, or is computed from, one of the `marked` tensors. Traced."""
-    if not marked or not tf.is_tensor(value) or not hasattr(value, "op"):
-        return False
-    seen, stack = set(), [value]
-    while stack:
-        tensor = stack.pop()
-        if tensor.ref() in marked:
-            return True
-        op = tensor.op
-        if op.name in seen:
-            continue
-        seen.add(op.name)
-        stack.extend(op.inputs)
-    return False
+    return keras_loss

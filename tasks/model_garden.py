@@ -22,7 +22,8 @@ A checkpoint is shared with Model Garden both ways: besides orbitask's names it 
 under the names `official.core.base_trainer.Trainer` gives them (`global_step`, `model`,
 `optimizer` and the model's `checkpoint_items`), so Model Garden's eval mode and a task's
 `initialize` with `init_checkpoint` read it; and orbitask restores the model, optimizer and step
-of a checkpoint that Model Garden's `train_lib.run_experiment` wrote (`trainers.checkpoints`).
+of a checkpoint that Model Garden's `train_lib.run_experiment` wrote
+(`trainers.state.checkpoint_restore`).
 
 The global batch is `run_experiment.global_batch_size`; a `DataConfig.global_batch_size` that is
 set must agree with it for training (`check_global_batch_size`), and one left at 0 is filled in.
@@ -43,7 +44,7 @@ import gin
 import numpy as np
 import tensorflow as tf
 
-from orbitask.tasks import keras_compat
+from orbitask.tasks import eval_logs, keras_compat
 from orbitask.tasks.base import Task
 from orbitask.tasks.errors import ConfigError
 
@@ -115,7 +116,8 @@ class ModelGardenTask(Task):
       experiment: an `ExperimentConfig`; when given, the optimizer is Model Garden's
         `create_optimizer(experiment.trainer.optimizer_config, experiment.runtime)`. None: the
         seed's default optimizer.
-      **task_kwargs: `orbitask.Task`'s arguments (clip_norm, optimizer_epsilon, max_to_keep, ...).
+      **task_kwargs: `orbitask.Task`'s arguments (clip_norm, optimizer_epsilon, keras_flavour,
+        name).
 
     Raises:
       ConfigError: when `task` is not a Model Garden task.
@@ -316,7 +318,7 @@ class ModelGardenTaskWithLogs(ModelGardenTask):
         logs = {}
         if state.get(_TASK):
             reduced = self.task.reduce_aggregated_logs(state[_TASK], global_step=global_step)
-            logs.update({k: _to_python(v) for k, v in dict(reduced or {}).items()})
+            logs.update({k: eval_logs.to_python(v) for k, v in dict(reduced or {}).items()})
         if state.get(_COUNT):
             logs[self.loss] = state[_SUM] / state[_COUNT]
         return logs
@@ -334,10 +336,3 @@ def _with_logs(cls: type) -> type:
         names = {k: getattr(cls, k) for k in ("__module__", "__qualname__", "__doc__")}
         _WITH_LOGS[cls] = type(cls.__name__, (cls, ModelGardenTaskWithLogs), names)
     return _WITH_LOGS[cls]
-
-
-def _to_python(value: Any) -> Any:
-    value = value.numpy() if hasattr(value, "numpy") else value
-    if isinstance(value, (np.generic, np.ndarray)) and np.ndim(value) == 0:
-        return value.item()
-    return value

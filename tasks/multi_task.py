@@ -11,7 +11,7 @@ multi-task model types):
   checkpointed as `trunk_<i>` and `head_<task>_<i>`);
 - "separate": each task its own model; only the update is shared.
 
-Loss scaling follows DESIGN: each task's loss is the SUM over its replica batch, so the value
+Loss scaling is the default step's: each task's loss is the SUM over its replica batch, so the value
 differentiated is `sum_t w_t SUM_t / global_batch_size / sum_t w_t + extra_loss / replicas`, and N
 replicas train exactly like one device with N times the batch. Train logs add `loss/<task>` (the
 task's mean loss on the global batch) to `loss` and `grad_norm`; eval logs hold `loss/<task>`,
@@ -26,22 +26,18 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gin
-import keras
 import tensorflow as tf
-import tf_keras
 
-from orbitask.tasks import keras_compat
-from orbitask.tasks.base import Task, labels_of
+from orbitask.tasks import keras_compat, setting_rules
+from orbitask.tasks.base import Task
+from orbitask.tasks.default_steps import batch_size, labels_of
 from orbitask.tasks.errors import ConfigError
 from orbitask.tasks.indexed_input import IndexedInput
 from orbitask.tasks.model_garden import GUIDE, is_model_garden_task
+from orbitask.tasks.multi_task_model import build_multi_model
 
 SHARING = ("shared", "trunk", "separate")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-def _batch_size(tree: Any) -> tf.Tensor:
-    return tf.shape(tf.nest.flatten(tree)[0])[0]
 
 
 class MultiTaskLoss:
@@ -68,33 +64,6 @@ class MultiTaskLoss:
         return tf.add_n([self.weights[name] * loss for name, loss in per_task.items()]) / total
 
 
-class _Routed:
-    """Calls each task's input through its chain of parts (trunk, head, ...) -> dict outputs."""
-
-    def __init__(self, parts: Mapping[str, Any], routes: Mapping[str, tuple], **kwargs):
-        super().__init__(**kwargs)
-        for attribute, part in parts.items():
-            setattr(self, attribute, part)  # attributes, so tf.train.Checkpoint tracks them
-        self.routes = {name: tuple(route) for name, route in routes.items()}
-        self.built = True  # every part is built by its task's build_model
-
-    def call(self, inputs, training=None):
-        outputs = {}
-        for name, x in inputs.items():
-            for attribute in self.routes[name]:
-                x = getattr(self, attribute)(x, training=training)
-            outputs[name] = x
-        return outputs
-
-
-class _KerasMultiModel(_Routed, keras.Model):
-    pass
-
-
-class _TfKerasMultiModel(_Routed, tf_keras.Model):
-    pass
-
-
 @gin.configurable("MultiTask", module="orbitask")
 class MultiTask(Task):
     """Trains several tasks at once (nabu's MultiTaskTrainer). See the module docstring.
@@ -113,7 +82,7 @@ class MultiTask(Task):
       exclude_from_validation: names of tasks not validated (nabu's `tasks_excluded_for_val`).
 
     Raises:
-      ValueError, TypeError: for a bad setting, with the setting's name.
+      ConfigError: for a bad setting, with the setting's name.
     """
 
     def __init__(
@@ -132,10 +101,7 @@ class MultiTask(Task):
             raise ConfigError(
                 f"`MultiTask.sharing` must be one of {', '.join(SHARING)}; received {sharing!r}."
             )
-        if isinstance(head_layers, bool) or not isinstance(head_layers, int) or head_layers < 1:
-            raise ConfigError(
-                f"`MultiTask.head_layers` must be a positive integer; received {head_layers!r}."
-            )
+        setting_rules.require(setting_rules.POSITIVE_INT, head_layers, "`MultiTask.head_layers`")
         excluded = tuple(exclude_from_validation or ())
         unknown = [name for name in excluded if name not in self.tasks]
         if unknown:
@@ -181,48 +147,7 @@ class MultiTask(Task):
         """
         built = self.names[:1] if self.sharing == "shared" else self.names
         models = {name: self.tasks[name].build_model() for name in built}
-        flavours = {name: keras_compat.model_flavour(model) for name, model in models.items()}
-        if None in flavours.values() or len(set(flavours.values())) != 1:
-            raise ConfigError(
-                "MultiTask needs Keras models of one flavour (all Keras 3 or all tf_keras) from "
-                f"its tasks' build_model; received {flavours}."
-            )
-        if self.sharing == "shared":
-            parts = {"shared": models[self.names[0]]}
-            routes = {name: ("shared",) for name in self.names}
-        elif self.sharing == "separate":
-            parts = {f"model_{name}": model for name, model in models.items()}
-            routes = {name: (f"model_{name}",) for name in self.names}
-        else:
-            parts, routes = self._trunk_and_heads(models)
-        tf_keras_parts = keras_compat.TF_KERAS in flavours.values()
-        model_class = _TfKerasMultiModel if tf_keras_parts else _KerasMultiModel
-        return model_class(parts, routes, name="multi_task")
-
-    def _trunk_and_heads(self, models: dict) -> tuple[dict, dict]:
-        k = self.head_layers
-        for name, model in models.items():
-            if not isinstance(model, (keras.Sequential, tf_keras.Sequential)):
-                raise ConfigError(
-                    f"MultiTask(sharing='trunk') splits each task's model into trunk and head by "
-                    f"layers and needs a Sequential; task {name!r} built a "
-                    f"{type(model).__name__}. Use sharing='shared' or 'separate'."
-                )
-            if len(model.layers) <= k:
-                raise ConfigError(
-                    f"MultiTask(sharing='trunk'): task {name!r}'s model has "
-                    f"{len(model.layers)} layer(s), too few for a trunk and {k} head layer(s); "
-                    "lower MultiTask.head_layers."
-                )
-        # Layers, not Sequentials of them: a Keras 3 Sequential without an Input layer is not
-        # checkpointed until it is called once.
-        parts = {f"trunk_{i}": layer for i, layer in enumerate(models[self.names[0]].layers[:-k])}
-        routes = {}
-        for name, model in models.items():
-            head = {f"head_{name}_{i}": layer for i, layer in enumerate(model.layers[-k:])}
-            parts.update(head)
-            routes[name] = (*[p for p in parts if p.startswith("trunk_")], *head)
-        return parts, routes
+        return build_multi_model(models, self.names, self.sharing, self.head_layers)
 
     def build_losses(self) -> MultiTaskLoss:
         """Returns the `MultiTaskLoss` of the tasks' losses and weights. Eager, once, in scope."""
@@ -318,7 +243,7 @@ class MultiTask(Task):
         logs = {}
         for name, loss in per_task.items():
             logs[f"loss/{name}"] = loss
-            logs[f"num_examples/{name}"] = tf.cast(_batch_size(batch[name]), tf.float32)
+            logs[f"num_examples/{name}"] = tf.cast(batch_size(batch[name]), tf.float32)
         return logs
 
     def reduce_aggregated_logs(self, aggregated_logs, global_step=None) -> dict:
@@ -390,5 +315,5 @@ def _zip_longest(datasets: dict[str, tf.data.Dataset]) -> tf.data.Dataset:
         )
         padded[name] = dataset.concatenate(empty.repeat())
     return tf.data.Dataset.zip(padded).take_while(
-        lambda batch: tf.reduce_any(tf.stack([_batch_size(b) > 0 for b in batch.values()]))
+        lambda batch: tf.reduce_any(tf.stack([batch_size(b) > 0 for b in batch.values()]))
     )

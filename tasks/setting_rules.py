@@ -1,11 +1,15 @@
 """The type and range rule of every framework setting, keyed by its gin binding, and their check.
 
-`RULES` is the one table for the settings `configs/defaults.gin` binds (`run_experiment`'s,
-`NanGuard`'s, `ValidationControl`'s and `Task`'s). A value that breaks its rule is one
+`RULES` is the one table for the settings `configs/defaults.gin` lists (`run_experiment`'s,
+`NanGuard`'s, `ValidationControl`'s, `learning_rate_schedule`'s, `ExponentialMovingAverage`'s
+and `Task`'s). A value that breaks its rule is one
 `ConfigError` line, raised before any work:
 
     Expected a positive integer. Received: steps_per_loop=0 of type int. Fix
     orbitask.run_experiment.steps_per_loop in your experiment's .gin file or with --gin_params.
+
+`require` checks one value of a constructor or table that is not in `RULES` (a `Trigger`'s steps,
+`MultiTask.head_layers`, a callback table's keys) against the same rules.
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ def _number(value: Any) -> bool:
 POSITIVE_INT = Rule("a positive integer", lambda v: _integer(v) and v > 0)
 NON_NEGATIVE_INT = Rule("a non-negative integer", lambda v: _integer(v) and v >= 0)
 POSITIVE_NUMBER = Rule("a positive finite number", lambda v: _number(v) and v > 0)
+NON_NEGATIVE_NUMBER = Rule("a non-negative finite number", lambda v: _number(v) and v >= 0)
+FRACTION = Rule("a number in (0, 1)", lambda v: _number(v) and 0 < v < 1)
 BOOL = Rule("True or False", lambda v: isinstance(v, bool))
 LEARNING_RATE = Rule(
     "a positive finite number, a `step -> rate` schedule such as "
@@ -69,7 +75,10 @@ RULES: Mapping[str, Rule] = {
     "run_experiment.eval_steps": POSITIVE_INT.or_none(),
     "run_experiment.checkpoint_interval": POSITIVE_INT.or_none(),
     "run_experiment.checkpoint_seconds": POSITIVE_NUMBER.or_none(),
+    "run_experiment.max_to_keep": POSITIVE_INT.or_none(),
     "run_experiment.keep_input_positions": POSITIVE_INT,
+    "run_experiment.train_prefetch": POSITIVE_INT.or_none(),
+    "run_experiment.train_prefetch_bytes": POSITIVE_INT.or_none(),
     "run_experiment.async_checkpoints": BOOL,
     "run_experiment.use_tf_while_loop": BOOL,
     "run_experiment.jit_compile": BOOL,
@@ -90,13 +99,19 @@ RULES: Mapping[str, Rule] = {
     "ValidationControl.restore_best": BOOL,
     "ValidationControl.keep_best": POSITIVE_INT,
     "ValidationControl.per_task": BOOL,
+    "NanGuard.patience": POSITIVE_INT,
+    "NanGuard.max_rollbacks": NON_NEGATIVE_INT,
     "NanGuard.spike_factor": POSITIVE_NUMBER.or_none(),  # and > 1 (`NanGuard`)
     "NanGuard.spike_warmup": POSITIVE_INT,
+    "learning_rate_schedule.initial": POSITIVE_NUMBER,
+    "learning_rate_schedule.decay_steps": POSITIVE_INT.or_none(),
+    "learning_rate_schedule.decay_rate": POSITIVE_NUMBER,
+    "learning_rate_schedule.alpha": NON_NEGATIVE_NUMBER,
+    "learning_rate_schedule.warmup_steps": NON_NEGATIVE_INT,
+    "learning_rate_schedule.warmup_start": NON_NEGATIVE_NUMBER,
+    "ExponentialMovingAverage.decay": FRACTION,
     "Task.clip_norm": POSITIVE_NUMBER.or_none(),
     "Task.optimizer_epsilon": POSITIVE_NUMBER,
-    "Task.max_to_keep": POSITIVE_INT.or_none(),
-    "Task.train_prefetch": POSITIVE_INT.or_none(),
-    "Task.train_prefetch_bytes": POSITIVE_INT.or_none(),
 }
 
 
@@ -119,3 +134,22 @@ def check(owner: str, values: Mapping[str, Any]) -> None:
                 f"{type(value).__name__}. Fix orbitask.{binding} in your experiment's .gin "
                 "file or with --gin_params."
             )
+
+
+def require(rule: Rule, value: Any, name: str, fix: str = "", *, must: str = "") -> None:
+    """Checks one value of a constructor or table against `rule`. Eager; returns None.
+
+    Args:
+      rule: what `value` must be, e.g. `POSITIVE_INT`.
+      value: the value received.
+      name: what the message names, e.g. "`MultiTask.head_layers`".
+      fix: a sentence added to the message: where to fix it.
+      must: the rule in the message; default: "must be " and `rule.expected`.
+
+    Raises:
+      ConfigError: `<name> must be <rule>; received <value>. <fix>` unless `rule` accepts it.
+    """
+    if not rule.accepts(value):
+        tail = f" {fix}" if fix else ""
+        must = must or f"must be {rule.expected}"
+        raise ConfigError(f"{name} {must}; received {value!r}.{tail}")

@@ -1,7 +1,7 @@
 """Test set-up: two logical CPU devices (so `mirrored` has 2 replicas) and oneDNN off.
 
-oneDNN fuses MatMul+BiasAdd+Relu in graph mode on CPU and turns NaN into 0 (DESIGN, known traps),
-so NaN tests need it off; both must be set before TensorFlow initialises.
+oneDNN fuses MatMul+BiasAdd+Relu in graph mode on CPU and turns NaN into 0, so NaN tests need it
+off; both must be set before TensorFlow initialises.
 """
 
 import os

@@ -22,7 +22,7 @@ from tests import faults
 REPO = Path(__file__).resolve().parents[1]
 # Run as a script, the launcher imports no TensorFlow (`python -m orbitask.trainers.commands.launch`
 # imports the package, hence TensorFlow: seconds of CPU per job on a 2-core machine).
-LAUNCHER = REPO / "trainers" / "launch.py"
+LAUNCHER = REPO / "trainers" / "commands" / "launch.py"
 
 
 def train_flags(model_dir, steps, extra=(), mode="train") -> list[str]:

@@ -50,8 +50,8 @@ def _functions(obj):
 def test_every_module_has_a_docstring():
     missing = []
     for pkg in (tasks, trainers):
-        for info in pkgutil.iter_modules(pkg.__path__):
-            module = importlib.import_module(f"{pkg.__name__}.{info.name}")
+        for info in pkgutil.walk_packages(pkg.__path__, prefix=f"{pkg.__name__}."):
+            module = importlib.import_module(info.name)
             if not (module.__doc__ or "").strip():
                 missing.append(module.__name__)
     assert not missing, f"modules without a docstring: {missing}"

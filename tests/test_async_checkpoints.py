@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from orbitask.trainers import compat, run_experiment
 from orbitask.trainers.errors import ConfigError
-from orbitask.trainers.state import checkpoints
+from orbitask.trainers.state import checkpoint_files, checkpoints
 from orbitask.trainers.state.input_position import IteratorInput
 from tests import faults
 from tests.helpers import TinyTask
@@ -49,7 +49,7 @@ class FailAt(Wide):
 def _complete(model_dir, step):
     latest = tf.train.latest_checkpoint(str(model_dir))
     assert latest is not None and latest.endswith(f"ckpt-{step}"), latest
-    assert checkpoints.unreadable_reason(latest) is None
+    assert checkpoint_files.unreadable_reason(latest) is None
     assert not [d for d, _, _ in os.walk(model_dir) if "_temp" in d]
     return latest
 

@@ -1,4 +1,7 @@
-"""A program written for the seed runs unchanged through `CallbackTask` (DESIGN, callbacks)."""
+"""A program written for the seed runs unchanged through `CallbackTask`.
+
+The seed's functions and their `Task` methods: docs/porting_from_seed.md.
+"""
 
 import glob
 import math

@@ -32,13 +32,25 @@ def test_step_rule_saves_at_multiples_without_the_time_rule(tmp_path):
     assert _train(tmp_path, checkpoint_interval=3, checkpoint_seconds=None) == [3, 6]
 
 
-def test_a_task_max_to_keep_keeps_that_many_newest_checkpoints(tmp_path):
-    """Six saves with `Task.max_to_keep = 2`: the state file and the directory hold ckpt-5 and
-    ckpt-6 only, also after a resumed run saves more."""
+class KeepsTwo(TinyTask):
+    """A Task whose own `build_checkpoint` manager keeps 2 checkpoints."""
+
+    def build_checkpoint(self, directory, **trackables):
+        checkpoint, manager = super().build_checkpoint(directory, **trackables)
+        return checkpoint, tf.train.CheckpointManager(checkpoint, directory, max_to_keep=2)
+
+
+@pytest.mark.parametrize(
+    "task, setting", [(TinyTask(), 2), (KeepsTwo(), None)], ids=["setting", "task_manager"]
+)
+def test_max_to_keep_keeps_that_many_newest_checkpoints(tmp_path, task, setting):
+    """Six saves with `run_experiment.max_to_keep = 2`, or with a Task's own manager keeping 2
+    and the setting unset: the state file and the directory hold ckpt-5 and ckpt-6 only, also
+    after a resumed run saves more."""
     settings = dict(mode="train", global_batch_size=8, steps_per_loop=1, progress=False)
-    settings.update(checkpoint_interval=1, checkpoint_seconds=None)
+    settings.update(checkpoint_interval=1, checkpoint_seconds=None, max_to_keep=setting)
     for steps in (6, 9):
-        run_experiment(TinyTask(max_to_keep=2), str(tmp_path), train_steps=steps, **settings)
+        run_experiment(task, str(tmp_path), train_steps=steps, **settings)
         kept = [steps - 1, steps]
         assert _saved_steps(tmp_path) == kept
         indexes = sorted(p.name for p in tmp_path.glob("ckpt-*.index"))

@@ -4,6 +4,7 @@ These tests fail loudly when a new Orbit, gin, tf.data or tf.train.Checkpoint ve
 compat.py reaches into, and when orbitask's `Controller` stops behaving as `orbit.Controller` does.
 """
 
+import inspect
 import random
 import unittest
 
@@ -119,6 +120,22 @@ def test_a_train_actions_dict_is_not_changed_after_it_received_it(tmp_path):
     assert len(received) == 2
     for kept, copy in received:
         assert kept == copy and "steps_per_second" not in kept
+
+
+def test_orbits_private_controller_methods_keep_the_shape_the_controller_relies_on():
+    """`Controller` overrides `_train_n_steps` and `_maybe_save_checkpoint` and calls `_require`
+    and `_sync_on_async_checkpointing` (trainers/compat.py's docstring)."""
+    expected = {
+        "_train_n_steps": ["self", "num_steps"],
+        "_maybe_save_checkpoint": ["self", "check_interval"],
+        "_require": ["self", "attribute", "for_method"],
+        "_sync_on_async_checkpointing": ["self"],
+    }
+    for name, parameters in expected.items():
+        method = getattr(orbit.Controller, name)
+        assert list(inspect.signature(method).parameters) == parameters, name
+    # Orbit's public save_checkpoint reaches the override.
+    assert "self._maybe_save_checkpoint(" in inspect.getsource(orbit.Controller.save_checkpoint)
 
 
 def test_orbit_messages_go_to_absl_only_while_open():

@@ -150,10 +150,9 @@ def test_a_worker_without_summaries_keeps_no_points():
     # A non-chief worker's manager has no directory; print_loss still keeps points for its
     # (no-op) writer, and they must be dropped each loop, not pile up for the whole run.
     manager = LoopSummaryManager(None, None, tf.Variable(0, dtype=tf.int64), interval=1000)
-    writer = manager.summary_writer()
-    callbacks.keep_scalars(writer, "loss", [(10, 1.0), (20, 0.5)])
+    manager.scalars.keep("loss", [(10, 1.0), (20, 0.5)])
     manager.write_summaries({"loss": 0.5})
-    assert callbacks.write_kept_scalars(writer) is False
+    assert manager.scalars.write_kept() is False
 
 
 def test_periodic_writes_run_on_a_background_thread_and_write_pending_waits_for_them(tmp_path):
@@ -163,7 +162,7 @@ def test_periodic_writes_run_on_a_background_thread_and_write_pending_waits_for_
     manager = LoopSummaryManager(str(tmp_path), None, step, interval=10)
     for end in (10, 20, 30, 35):
         step.assign(end)
-        callbacks.keep_scalars(manager.summary_writer(), "loss", [(end - 5, 1.0 / end)])
+        manager.scalars.keep("loss", [(end - 5, 1.0 / end)])
         manager.write_summaries({"grad_norm": float(end)})
         if end < 35:
             assert manager._pending  # handed to the writer thread

@@ -2,7 +2,7 @@
 
 The last batch of each epoch is short, so `batch` meets the end of its shuffle iterator before
 `repeat` starts the next epoch; a position saved there holds no seed-generator position unless
-orbitask keeps it (`input_position.ShuffleSeeds`). At each cut point the training input of
+orbitask keeps it (`shuffle_seeds.ShuffleSeeds`). At each cut point the training input of
 `inputs.train_input` (orbitask's prefetch on top, or none) is saved, restored into a freshly built
 input, and read into the epoch after next: every batch equals the user's pipeline's own.
 """
@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from orbitask import Task
 from orbitask.trainers.engine import inputs
-from orbitask.trainers.state import input_position
+from orbitask.trainers.state import shuffle_seeds
 
 N = 45  # examples per epoch: 11 batches of 4 and one of 1
 BATCH = 4
@@ -65,7 +65,7 @@ def _resumes(task, tmp_path) -> list[tuple[int, int]]:
         model_dir = tmp_path / f"{task.prefetch}-{repetition}"
         step = tf.Variable(0, dtype=tf.int64)
         saved = _train_input(task, model_dir, step)
-        assert input_position.ShuffleSeeds.of(saved.iterator) is not None
+        assert shuffle_seeds.ShuffleSeeds.of(saved.iterator) is not None
         taken = 0
         for cut in CUTS:
             while taken < cut:

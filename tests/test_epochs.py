@@ -14,7 +14,7 @@ import tensorflow as tf
 from orbitask import IndexedInput
 from orbitask.trainers import run_experiment
 from orbitask.trainers.actions.progress import ProgressAction
-from orbitask.trainers.engine import inputs
+from orbitask.trainers.engine.epochs import epoch_length
 from orbitask.trainers.errors import ConfigError
 from tests.helpers import TinyTask
 
@@ -114,10 +114,10 @@ def test_an_epoch_in_steps_by_batch_dimension():
     partial = partial.apply(tf.data.experimental.assert_cardinality(13))
     full = tf.data.Dataset.range(52).batch(4, drop_remainder=True).map(lambda x: (x, x))
     # Unknown batch dimension: a partial element ends a step, so an epoch is ceil(13 / 2) steps.
-    assert inputs.epoch_length(task, partial, 2).steps_for(3) == 21
+    assert epoch_length(task, partial, 2).steps_for(3) == 21
     # Static: the elements stream on across epochs, floor(3 * 13 / 2).
-    assert inputs.epoch_length(task, full, 2).steps_for(3) == 19
-    assert inputs.epoch_length(task, full, 1).steps_for(3) == 39
+    assert epoch_length(task, full, 2).steps_for(3) == 19
+    assert epoch_length(task, full, 1).steps_for(3) == 39
 
 
 def test_the_progress_line_shows_the_epoch():

@@ -1,4 +1,4 @@
-"""N replicas with per-replica batch B train like one device with batch N*B (DESIGN)."""
+"""N replicas with per-replica batch B train like one device with batch N*B."""
 
 import numpy as np
 import pytest

@@ -218,9 +218,9 @@ def test_the_binary_keeps_the_users_exception_and_traceback(
             "Received: learning_rate=-1.0 of type float. Fix orbitask.run_experiment.learning_rate",
         ),
         (
-            "orbitask.Task.max_to_keep = 'five'",
+            "orbitask.run_experiment.max_to_keep = 'five'",
             "Expected a positive integer or None. Received: max_to_keep='five' of type str. Fix "
-            "orbitask.Task.max_to_keep",
+            "orbitask.run_experiment.max_to_keep",
         ),
     ],
     ids=["learning_rate_str", "negative_learning_rate", "max_to_keep_str"],

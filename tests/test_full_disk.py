@@ -48,7 +48,7 @@ def test_a_full_disk_stops_the_run_with_one_line_and_keeps_the_previous_checkpoi
     extra = [
         "orbitask.DigitsClassification.hidden_units=(2048,)",  # ~1.8 MiB with Nadam's slots
         f"orbitask.DigitsClassification.shuffle_buffer={shuffle_buffer}",
-        "orbitask.Task.max_to_keep=5",
+        "orbitask.run_experiment.max_to_keep=5",
         f"orbitask.run_experiment.async_checkpoints={async_checkpoints}",
     ]
     command = faults.command(model, steps=60, extra=extra)
@@ -83,7 +83,7 @@ def test_a_full_disk_on_the_chief_of_two_workers_saving_asynchronously_stops_the
     model = small_disk / "model"
     extra = [
         "orbitask.DigitsClassification.hidden_units=(2048,)",
-        "orbitask.Task.max_to_keep=5",
+        "orbitask.run_experiment.max_to_keep=5",
         "orbitask.run_experiment.async_checkpoints=True",
     ]
     status, text = launching.run(

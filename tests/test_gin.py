@@ -5,6 +5,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -85,11 +86,10 @@ def test_experiment_parses_and_its_task_builds(path):
 
 def test_defaults_bind_the_seed_defaults():
     train.parse_gin([DIGITS], [])
-    assert gin.query_parameter("orbitask.Task.clip_norm") == 10.0
-    assert gin.query_parameter("orbitask.Task.optimizer_epsilon") == 1e-3
-    assert gin.query_parameter("orbitask.Task.max_to_keep") == 50
     task = train.build_task()
-    assert (task.clip_norm, task.optimizer_epsilon, task.max_to_keep) == (10.0, 1e-3, 50)
+    assert (task.clip_norm, task.optimizer_epsilon) == (10.0, 1e-3)
+    _, manager = task.build_checkpoint(tempfile.mkdtemp(), step=tf.Variable(0))
+    assert manager._max_to_keep == 50  # noqa: SLF001
     optimizer = task.build_optimizer(1e-3)
     assert isinstance(optimizer, keras.optimizers.Nadam)
     assert float(optimizer.epsilon) == pytest.approx(1e-3)
@@ -103,13 +103,15 @@ def test_repository_relative_gin_file_from_another_directory(tmp_path, monkeypat
     monkeypatch.syspath_prepend(str(REPO))
     train.parse_gin(["experiments/digits.gin"], ["TRAIN_STEPS = 7"])
     assert gin.query_parameter("%TRAIN_STEPS") == 7
-    assert gin.query_parameter("orbitask.Task.max_to_keep") == 50  # from configs/defaults.gin
+    assert gin.query_parameter("orbitask.run_experiment.train_steps")  # configs/defaults.gin
 
 
 def test_task_bindings_reach_built_in_tasks():
-    train.parse_gin([DIGITS], ["orbitask.Task.max_to_keep = 3", "orbitask.Task.clip_norm = 2.5"])
+    train.parse_gin(
+        [DIGITS], ["orbitask.Task.optimizer_epsilon = 0.5", "orbitask.Task.clip_norm = 2.5"]
+    )
     task = train.build_task()
-    assert (task.clip_norm, task.max_to_keep) == (2.5, 3)
+    assert (task.clip_norm, task.optimizer_epsilon) == (2.5, 0.5)
 
 
 def test_typo_in_a_gin_file_names_the_binding_and_the_file(tmp_path):
@@ -132,11 +134,11 @@ def test_typo_in_a_gin_file_names_the_binding_and_the_file(tmp_path):
         (["--gin_params=TASK=3"], "TASK must be a tasks.Task instance.*received 3 of type int"),
         (["--gin_params=orbitask.Task.clip_norm=-1"], "Received: clip_norm=-1 .*Task.clip_norm"),
         (
-            ["--gin_params=orbitask.Task.train_prefetch=0"],
+            ["--gin_params=orbitask.run_experiment.train_prefetch=0"],
             "Expected a positive integer or None. Received: train_prefetch=0 of type int",
         ),
         (
-            ["--gin_params=orbitask.Task.train_prefetch_bytes=1.5"],
+            ["--gin_params=orbitask.run_experiment.train_prefetch_bytes=1.5"],
             "Received: train_prefetch_bytes=1.5 of type float",
         ),
         (

@@ -154,7 +154,7 @@ def test_only_the_newest_input_positions_are_kept_and_an_older_checkpoint_restar
     assert sorted(os.listdir(folder / "ckpt-30")) == [
         "worker-0-of-1.data-00000-of-00001",
         "worker-0-of-1.index",
-        "worker-0-of-1.shuffle_seeds.data-00000-of-00001",  # input_position.ShuffleSeeds
+        "worker-0-of-1.shuffle_seeds.data-00000-of-00001",  # shuffle_seeds.ShuffleSeeds
         "worker-0-of-1.shuffle_seeds.index",
     ]
     assert (

@@ -1,7 +1,8 @@
 """The training input's prefetch buffer is saved in every checkpoint, so it must stay bounded.
 
 An autotuned `prefetch(tf.data.AUTOTUNE)` doubles its buffer whenever the loop finds it empty;
-orbitask replaces one that ends the training pipeline by `prefetch(Task.train_prefetch)`.
+orbitask replaces one that ends the training pipeline by
+`prefetch(run_experiment.train_prefetch)` steps' elements.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from orbitask.trainers.engine import inputs
+from orbitask.trainers.engine import inputs, prefetch
 from tests.helpers import TinyTask
 
 
@@ -31,11 +32,11 @@ def test_a_final_autotuned_prefetch_becomes_fixed_with_the_same_batches_and_opti
     options = tf.data.Options()
     options.threading.private_threadpool_size = 3
     autotuned = _pipeline(tf.data.AUTOTUNE).with_options(options)
-    assert inputs.autotuned_prefetches(autotuned) == 1
+    assert prefetch.autotuned_prefetches(autotuned) == 1
 
-    bounded = inputs.bound_prefetch(autotuned, 2, "TinyTask")
+    bounded = prefetch.bound_prefetch(autotuned, 2, "TinyTask")
 
-    assert inputs.autotuned_prefetches(bounded) == 0
+    assert prefetch.autotuned_prefetches(bounded) == 0
     assert bounded.options().threading.private_threadpool_size == 3
     np.testing.assert_array_equal(_take(bounded, 60), _take(_pipeline(2), 60))
 
@@ -44,7 +45,7 @@ def test_an_autotuned_prefetch_deeper_in_the_pipeline_is_kept_and_named(caplog):
     deeper = tf.data.Dataset.range(100).prefetch(tf.data.AUTOTUNE).batch(4).repeat()
 
     with caplog.at_level(logging.WARNING):
-        out = inputs.bound_prefetch(deeper, 2, "MyTask")
+        out = prefetch.bound_prefetch(deeper, 2, "MyTask")
 
     assert out is deeper
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -57,7 +58,7 @@ def test_an_autotuned_prefetch_deeper_in_the_pipeline_is_kept_and_named(caplog):
 def test_a_fixed_prefetch_is_left_alone(caplog):
     fixed = _pipeline(4)
     with caplog.at_level(logging.WARNING):
-        assert inputs.bound_prefetch(fixed, 2, "TinyTask") is fixed
+        assert prefetch.bound_prefetch(fixed, 2, "TinyTask") is fixed
     assert not [r for r in caplog.records if r.levelno == logging.WARNING]
 
 
@@ -70,10 +71,10 @@ class AutotunedTask(TinyTask):
 def test_the_train_iterator_prefetches_train_prefetch_batches_unless_none():
     strategy = tf.distribute.get_strategy()
     default = inputs.train_iterator(AutotunedTask(), strategy, 16)
-    kept = inputs.train_iterator(AutotunedTask(train_prefetch=None), strategy, 16)
+    kept = inputs.train_iterator(AutotunedTask(), strategy, 16, prefetch=prefetch.Prefetch(None))
 
-    assert inputs.autotuned_prefetches(default._dataset) == 0
-    assert inputs.autotuned_prefetches(kept._dataset) == 1
+    assert prefetch.autotuned_prefetches(default._dataset) == 0
+    assert prefetch.autotuned_prefetches(kept._dataset) == 1
     first = next(default)
     np.testing.assert_array_equal(first[0].numpy(), next(kept)[0].numpy())
 
@@ -120,10 +121,13 @@ def _checkpoint_mib(iterator, directory) -> float:
 
 def test_big_batches_prefetch_fewer_elements_and_their_checkpoints_shrink(tmp_path):
     strategy = tf.distribute.get_strategy()
+
     # 3 MiB a batch: 4 would be 12 MiB; a 7 MiB bound leaves 2; at least one step's (1) stays.
-    bounded = inputs.train_iterator(BigBatchTask(train_prefetch_bytes=7 * 2**20), strategy, 3)
-    tiny_bound = inputs.train_iterator(BigBatchTask(train_prefetch_bytes=1), strategy, 3)
-    unbounded = inputs.train_iterator(BigBatchTask(train_prefetch_bytes=None), strategy, 3)
+    def iterator(max_bytes):
+        bound = prefetch.Prefetch(max_bytes=max_bytes)
+        return inputs.train_iterator(BigBatchTask(), strategy, 3, prefetch=bound)
+
+    bounded, tiny_bound, unbounded = iterator(7 * 2**20), iterator(1), iterator(None)
 
     assert _top_prefetch_depth(bounded) == 2
     assert _top_prefetch_depth(tiny_bound) == 1
@@ -141,10 +145,10 @@ def test_big_batches_prefetch_fewer_elements_and_their_checkpoints_shrink(tmp_pa
 def test_element_bytes_counts_the_batch_and_gives_up_on_unknown_sizes():
     images = tf.TensorSpec([None, 224, 224, 3], tf.uint8)
     labels = tf.TensorSpec([None], tf.int64)
-    assert inputs.element_bytes((images, labels), 32) == 32 * 224 * 224 * 3 + 32 * 8
-    assert inputs.element_bytes({"x": tf.TensorSpec([None, None], tf.float32)}, 8) is None
-    assert inputs.element_bytes(tf.TensorSpec([None], tf.string), 8) is None
+    assert prefetch.element_bytes((images, labels), 32) == 32 * 224 * 224 * 3 + 32 * 8
+    assert prefetch.element_bytes({"x": tf.TensorSpec([None, None], tf.float32)}, 8) is None
+    assert prefetch.element_bytes(tf.TensorSpec([None], tf.string), 8) is None
     ragged = tf.RaggedTensorSpec([None, None], tf.float32)
-    assert inputs.element_bytes(ragged, 8) is None
+    assert prefetch.element_bytes(ragged, 8) is None
     # Unknown size: the step count decides alone.
-    assert inputs.prefetch_depth(None, elements=8, per_step=2, max_bytes=1) == 8
+    assert prefetch.prefetch_depth(None, elements=8, per_step=2, max_bytes=1) == 8

@@ -13,7 +13,7 @@ import tensorflow as tf
 from orbitask.trainers import run_experiment
 from orbitask.trainers.commands import train
 from orbitask.trainers.distribution import cluster
-from orbitask.trainers.state import checkpoints, model_dir_lock
+from orbitask.trainers.state import checkpoint_files, model_dir_lock
 from tests import faults
 from tests.helpers import TinyTask
 
@@ -49,7 +49,7 @@ def test_second_run_is_refused_and_a_killed_runs_lock_is_taken_over(tmp_path, ca
             first.wait(timeout=30)
     # The first run's checkpoints are its own and intact.
     killed_at = tf.train.latest_checkpoint(str(model))
-    assert checkpoints.unreadable_reason(killed_at) is None
+    assert checkpoint_files.unreadable_reason(killed_at) is None
     step = int(killed_at.rsplit("-", 1)[1])
 
     # The killed run's lock file is still there; the next run takes it over and resumes.

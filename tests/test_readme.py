@@ -192,6 +192,70 @@ def test_the_readme_runs_python_gin_and_shell_blocks():
     assert {"python", "gin", "bash"} <= kinds, kinds
 
 
+README_MAX_LINES = 250
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def test_the_readme_is_a_short_guide():
+    lines = len((REPO / "README.md").read_text().splitlines())
+    assert lines <= README_MAX_LINES, (
+        f"README.md has {lines} lines; keep it a user's guide of at most {README_MAX_LINES} and "
+        "move reference material into docs/ (see its 'Where to read on')"
+    )
+
+
+def _anchors(path: Path) -> set[str]:
+    """GitHub's anchors for a Markdown file's headings: lower case, punctuation dropped."""
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M)
+    headings = re.findall(r"^#+\s+(.*?)\s*$", text, re.M)
+    return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
+
+
+def test_links_between_documents_resolve():
+    broken = []
+    for document in DOCUMENTS:
+        text = re.sub(r"^```.*?^```", "", document.read_text(), flags=re.S | re.M)
+        for target in LINK.findall(text):
+            if re.match(r"[a-z]+:", target):
+                continue  # a web address
+            path, _, anchor = target.partition("#")
+            resolved = (document.parent / path).resolve() if path else document
+            if not resolved.exists():
+                broken.append(f"{document.name}: {target} (no such file)")
+            elif anchor and resolved.suffix == ".md" and anchor not in _anchors(resolved):
+                broken.append(f"{document.name}: {target} (no such heading)")
+    assert not broken, "broken links:\n" + "\n".join(broken)
+
+
+def _listed_modules(text: str) -> set[str]:
+    """The modules the first ```text tree of the architecture page names, as paths: a line
+    `name/` opens a package (its indent is its depth), `name.py` is a module in the open one."""
+    tree = re.search(r"^```text\n(.*?)^```", text, re.S | re.M).group(1)
+    listed, open_packages = set(), []
+    for line in tree.splitlines():
+        entry = line.split()[0] if line.strip() else ""
+        depth = (len(line) - len(line.lstrip())) // 2
+        if entry.endswith("/"):
+            open_packages[depth:] = [entry.rstrip("/")]
+        elif entry.endswith(".py") and "/" not in entry:
+            listed.add("/".join([*open_packages[:depth], entry]))
+    return listed
+
+
+def test_the_architecture_page_names_every_module():
+    modules = {
+        str(path.relative_to(REPO))
+        for top in ("tasks", "trainers")
+        for path in (REPO / top).rglob("*.py")
+        if path.name != "__init__.py"
+    }
+    listed = _listed_modules((REPO / "docs" / "architecture.md").read_text())
+    assert modules == listed, (
+        "docs/architecture.md's tree of modules is out of date. "
+        f"Not listed: {sorted(modules - listed)}; listed but absent: {sorted(listed - modules)}."
+    )
+
+
 def _document_id(path: Path) -> str:
     return str(path.relative_to(REPO))
 

@@ -14,7 +14,7 @@ class Resumable(TinyTask):
         self.recorder = Recorder()
 
     def build_inputs(self, per_replica_batch_size, input_context=None, training=True):
-        # The usual ending, which orbitask turns into a fixed prefetch (Task.train_prefetch).
+        # The usual ending, which orbitask turns into a fixed prefetch (train_prefetch steps).
         ds = super().build_inputs(per_replica_batch_size, input_context, training)
         return ds.prefetch(tf.data.AUTOTUNE)
 

@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 from orbitask import ConfigError, ValidationControl, run_experiment
-from orbitask.trainers.engine import inputs
+from orbitask.trainers.engine import eval_inputs
 from tests.helpers import TinyTask
 
 PARTS = {"a": slice(0, 36), "b": slice(36, 96)}  # 36 and 60 examples: partial last batches
@@ -150,7 +150,7 @@ class Returning(TinyTask):
 )
 def test_bad_sets_are_one_line(value, message):
     with pytest.raises(ConfigError, match=message) as raised:
-        inputs.eval_datasets(Returning(value), tf.distribute.get_strategy(), 8)
+        eval_inputs.eval_datasets(Returning(value), tf.distribute.get_strategy(), 8)
     assert "\n" not in str(raised.value)
 
 

@@ -1,6 +1,24 @@
 """orbitask trainers: the Orbit trainer/evaluator, strategies and the experiment runner."""
 
+from typing import TYPE_CHECKING
+
 from orbitask.lazy import exports
+
+if TYPE_CHECKING:  # what editors and type checkers read; at runtime each name loads on first use
+    from orbitask.trainers.distribution.strategies import build_strategy as build_strategy
+    from orbitask.trainers.distribution.strategies import logical_cpus as logical_cpus
+    from orbitask.trainers.engine.trainer import TaskTrainer as TaskTrainer
+    from orbitask.trainers.errors import ConfigError as ConfigError
+    from orbitask.trainers.errors import NonFiniteLossError as NonFiniteLossError
+    from orbitask.trainers.errors import Preempted as Preempted
+    from orbitask.trainers.features.ema import ExponentialMovingAverage as ExponentialMovingAverage
+    from orbitask.trainers.features.learning_rate import (
+        learning_rate_schedule as learning_rate_schedule,
+    )
+    from orbitask.trainers.features.nan_guard import NanGuard as NanGuard
+    from orbitask.trainers.features.validation_control import ValidationControl as ValidationControl
+    from orbitask.trainers.features.warm_start import WarmStart as WarmStart
+    from orbitask.trainers.run.experiment import run_experiment as run_experiment
 
 __all__, __getattr__, __dir__ = exports(
     __name__,

@@ -1,7 +1,25 @@
-"""The private Orbit, Keras, tf.data and gin behaviour orbitask relies on, in one place.
+"""The private Orbit, tf.train, tf.data and gin behaviour orbitask relies on.
 
 Each function here names what it reaches into; tests/test_compat.py fails loudly when a new
-version of a library changes it.
+version of a library changes it. Keras's private API is reached in `tasks/keras_compat.py` (the
+tasks layer does not import this one). The other places that reach private API, and why:
+
+- `trainers/run/controller.py`: `Controller` subclasses `orbit.Controller` and overrides its
+  `_train_n_steps` (one device loop without Orbit's step reads and log line) and
+  `_maybe_save_checkpoint` (the step-multiple and time rules; Orbit's public `save_checkpoint`
+  calls it), and calls Orbit's `_require` and `_sync_on_async_checkpointing` as Orbit's own
+  `train` does. Overrides must keep Orbit's names to be called by Orbit's code.
+- `trainers/state/checkpoints.py`, `trainers/state/checkpoint_restore.py`: a
+  `tf.train.CheckpointManager`'s `_max_to_keep`, `_maybe_delete` and `_latest_checkpoint`
+  (which checkpoints it keeps, set from the files when its state file is damaged or a corrupt
+  newest one is skipped); `checkpoint_management.get_checkpoint_state`, replaced while a
+  manager reads its state file so that a damaged one reads as none; and the object graph of a
+  checkpoint and of its restore status (`_trackable_children`, `graph_view`,
+  `_objects_with_attributes`, `status._checkpoint`), to name what a restore left unbound.
+- `trainers/state/checkpoint_files.py`: `checkpoint_management.CheckpointState`, the proto of a
+  manager's state file.
+- `tasks/base.py`, `trainers/actions/callback_action.py`: `tf.__internal__.tracking.Trackable`,
+  to tell what a checkpoint can hold.
 """
 
 from __future__ import annotations

@@ -4,12 +4,12 @@ What Keras `fit` makes hard and a Task makes plain: `build_model` returns
 `{"generator": G, "discriminator": D}`, `build_optimizer` one optimizer per model under the same
 keys (both checkpointed, both restored), and `train_step` does the two updates of a GAN step.
 
-Loss scaling per DESIGN, for each update: the value differentiated on a replica is the SUM of the
-per-example losses over its batch divided by the global batch, plus the model's regularisation
-divided by the number of replicas; gradients are summed over replicas before clipping and
-`keras_compat.apply_gradients`. The noise comes from the input pipeline (a counter-seeded
-stateless normal per example), so each replica gets its own and a restart replays exactly the
-noise an uninterrupted run would have drawn.
+Loss scaling as in the default step, for each update: the value differentiated on a replica is
+the SUM of the per-example losses over its batch divided by the global batch, plus the model's
+regularisation divided by the number of replicas; gradients are summed over replicas before
+clipping and `keras_compat.apply_gradients`. The noise comes from the input pipeline (a
+counter-seeded stateless normal per example), so each replica gets its own and a restart replays
+exactly the noise an uninterrupted run would have drawn.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
+from orbitask.tasks.setting_rules import POSITIVE_INT
 from orbitask.trainers.errors import ConfigError
 
 
@@ -80,8 +81,8 @@ def check(steps: Any) -> None:
     ok = (
         isinstance(steps, (tuple, list))
         and len(steps) == 2
-        and all(isinstance(s, int) and not isinstance(s, bool) for s in steps)
-        and 1 <= steps[0] <= steps[1]
+        and all(POSITIVE_INT.accepts(s) for s in steps)
+        and steps[0] <= steps[1]
     )
     if not ok:
         raise ConfigError(

@@ -16,7 +16,7 @@ import numpy as np
 import orbit
 import tensorflow as tf
 
-from orbitask.tasks import callbacks
+from orbitask.tasks.scalar_batch import ScalarBatch
 from orbitask.trainers.actions.triggers import Trigger
 
 
@@ -52,13 +52,14 @@ class LoopSummaryManager(orbit.utils.SummaryManager):
 
     The Controller hands it every loop's output and flushes after every loop; eager scalar writes
     after every loop would slow quick models, so scalars are kept on the host, one point per loop at
-    the loop's last step (`tasks.callbacks.keep_scalars`, where `print_loss` keeps its points too),
-    and written with one traced call for all tags after the first loop, then whenever its `trigger`
-    is due: a loop reached or passed a multiple of `interval` since the last write, or `max_seconds`
-    passed since then (`Trigger(every_steps=interval, every_secs=max_seconds)`; loops do not end for
-    it). Those periodic writes (and their flush) run on a background thread, overlapping the next
-    device loop; `write_pending` writes the rest and waits for them (the runner calls it at the end,
-    also on SIGTERM and errors). `current_step() -> int` gives the step after a loop without reading
+    the loop's last step (in `scalars`, the writer's `tasks.scalar_batch.ScalarBatch`, where
+    `print_loss` keeps its points too), and written with one traced call for all tags after the
+    first loop, then whenever its `trigger` is due: a loop reached or passed a multiple of
+    `interval` since the last write, or `max_seconds` passed since then
+    (`Trigger(every_steps=interval, every_secs=max_seconds)`; loops do not end for it). Those
+    periodic writes (and their flush) run on a background thread, overlapping the next device loop;
+    `write_pending` writes the rest and waits for them (the runner calls it at the end, also on
+    SIGTERM and errors). `current_step() -> int` gives the step after a loop without reading
     `global_step` (an eager op); None reads it. `clock` is the trigger's `time.monotonic`-like clock
     (injectable for tests). Other values (images, nested dicts) are written at once, as Orbit does.
     """
@@ -74,28 +75,29 @@ class LoopSummaryManager(orbit.utils.SummaryManager):
         clock: Callable[[], float] = time.monotonic,
     ):
         super().__init__(summary_dir, summary_fn, global_step)
+        self.enabled = summary_dir is not None  # as Orbit decides: no directory, no summaries
         self.current_step = current_step or (lambda: int(global_step.numpy()))
         self.trigger = Trigger(every_steps=interval, every_secs=max_seconds, clock=clock)
         self._unflushed = False
         self._thread: ThreadPoolExecutor | None = None
         self._pending: list[Future] = []
-        if self._enabled:  # trace the writer now, in setup, not in the first loop's host work
-            callbacks.write_scalars(self.summary_writer(), "", (), ())
+        self.scalars = ScalarBatch(self.summary_writer())
+        if self.enabled:  # trace the writer now, in setup, not in the first loop's host work
+            self.scalars.write((), (), ())
 
     def write_summaries(self, summary_dict) -> None:
         """Keeps the scalars of `summary_dict` (eager); writes due ones. Returns None."""
-        if not self._enabled:
+        if not self.enabled:
             # No summaries here (a non-chief worker): drop what callbacks kept for the writer.
-            callbacks.write_kept_scalars(self.summary_writer(), write=False)
+            self.scalars.write_kept(write=False)
             return
         step = self.current_step()
-        writer = self.summary_writer()
         others = {}
         for name, value in summary_dict.items():
             if isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(
                 value, bool
             ):
-                callbacks.keep_scalars(writer, name, [(step, float(value))])
+                self.scalars.keep(name, [(step, float(value))])
             else:
                 others[name] = value
         if others:
@@ -109,27 +111,24 @@ class LoopSummaryManager(orbit.utils.SummaryManager):
         for done in [f for f in self._pending if f.done()]:
             self._pending.remove(done)
             done.result()  # a failed write (e.g. a full disk) raises here
-        kept = callbacks.take_kept_scalars(self.summary_writer())
+        kept = self.scalars.take()
         self.trigger.fired(step)
         if kept is None:
             return
         if self._thread is None:
             self._thread = ThreadPoolExecutor(1, thread_name_prefix="orbitask-summaries")
-        self._pending.append(
-            self._thread.submit(self._write_and_flush, self.summary_writer(), kept)
-        )
+        self._pending.append(self._thread.submit(self._write_and_flush, kept))
 
-    @staticmethod
-    def _write_and_flush(writer, kept) -> None:
-        callbacks.write_points(writer, *kept)
-        writer.flush()
+    def _write_and_flush(self, kept) -> None:
+        self.scalars.write(*kept)
+        self.scalars.writer.flush()
 
     def write_pending(self) -> None:
         """Waits for the background writes, then writes every kept scalar point now (eager).
 
         Returns None.
         """
-        if not self._enabled:
+        if not self.enabled:
             return
         if self._thread is not None:
             self._thread.shutdown(wait=True)
@@ -137,7 +136,7 @@ class LoopSummaryManager(orbit.utils.SummaryManager):
             pending, self._pending = self._pending, []
             for future in pending:
                 future.result()  # raises what a background write raised
-        if callbacks.write_kept_scalars(self.summary_writer()):
+        if self.scalars.write_kept():
             self._unflushed = True
         self.trigger.fired()  # everything is written: the seconds rule starts again
 

@@ -17,6 +17,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
+from orbitask.tasks.setting_rules import POSITIVE_INT, require
 from orbitask.trainers.errors import ConfigError
 
 
@@ -53,11 +54,7 @@ class Trigger:
         at_steps: Iterable[int] = (),
         clock: Callable[[], float] = time.monotonic,
     ):
-        if every_steps is not None and not _positive_int(every_steps):
-            raise ConfigError(
-                "`Trigger(every_steps=...)` must be a positive integer or None; "
-                f"received {every_steps!r}."
-            )
+        require(POSITIVE_INT.or_none(), every_steps, "`Trigger(every_steps=...)`")
         if every_secs is not None and (
             isinstance(every_secs, bool)
             or not isinstance(every_secs, (int, float))
@@ -68,10 +65,9 @@ class Trigger:
                 f"received {every_secs!r}."
             )
         at_steps = tuple(at_steps)
-        bad = [s for s in at_steps if not _positive_int(s)]
-        if bad:
-            raise ConfigError(
-                f"`Trigger(at_steps=...)` must hold positive integers; received {bad[0]!r}."
+        for step in at_steps:
+            require(
+                POSITIVE_INT, step, "`Trigger(at_steps=...)`", must="must hold positive integers"
             )
         self.every_steps = every_steps
         self.every_secs = every_secs
@@ -211,7 +207,3 @@ def steps_until_any(schedules: Iterable[Schedule], step: int) -> int | None:
         if n is not None and (until is None or n < until):
             until = n
     return until
-
-
-def _positive_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0

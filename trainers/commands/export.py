@@ -9,21 +9,20 @@ directory's `operative_config.gin` (written when training starts), else `--gin_f
 `--gin_params` as for `orbitask train`. No code is imported from the model directory: the
 modules a gin `import` line names come from installed packages or the working directory (unless
 it is inside the model directory), as in training. The SavedModel's layout and signature are
-`trainers.saved_model`'s: one `serving_default` signature over the model's inputs, loadable with
-`tf.saved_model.load` and no orbitask; a dict of models gives one SavedModel per model. A mistake
-(no checkpoint, no gin config, no best or EMA weights) is one line on stderr, exit 2; a full
-disk is one line, exit 4, and leaves no part of the export.
+`trainers.state.saved_model`'s: one `serving_default` signature over the model's inputs,
+loadable with `tf.saved_model.load` and no orbitask; a dict of models gives one SavedModel per
+model. A mistake (no checkpoint, no gin config, no best or EMA weights) is one line on stderr,
+exit 2; a full disk is one line, exit 4, and leaves no part of the export.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any
 
 from absl import flags
 
-EXIT_USAGE = 2
+from orbitask.trainers.commands.exits import exit_status, fail
 
 FLAGS = flags.FlagValues()
 flags.DEFINE_string(
@@ -186,14 +185,6 @@ def _bound(name: str, default: Any) -> Any:
         return default
 
 
-def _fail(message: object) -> int:
-    from orbitask.tasks.errors import one_line
-
-    lines = str(message).strip().splitlines()
-    print(f"orbitask: error: {one_line(lines[0]) if lines else 'error'}", file=sys.stderr)
-    return EXIT_USAGE
-
-
 def main(argv: list[str]) -> int:
     """`orbitask export` on `argv` (flags only). Eager; returns the exit status."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TensorFlow's C++ INFO lines
@@ -204,16 +195,15 @@ def main(argv: list[str]) -> int:
     try:
         rest = FLAGS(["orbitask export", *argv])[1:]
     except flags.Error as e:
-        return _fail(f"{e}. See `orbitask export --help`.")
+        return fail(f"{e}. See `orbitask export --help`.")
     if rest:
-        return _fail(f"unexpected argument(s) {' '.join(rest)}; use --model_dir=DIR.")
+        return fail(f"unexpected argument(s) {' '.join(rest)}; use --model_dir=DIR.")
     if not FLAGS.model_dir:
-        return _fail("--model_dir is required: the directory of the run to export.")
+        return fail("--model_dir is required: the directory of the run to export.")
 
     import gin
 
     from orbitask.trainers.commands import train
-    from orbitask.trainers.errors import ConfigError, NoSpaceError
 
     try:
         path = checkpoint_to_export(FLAGS.model_dir, FLAGS.best)
@@ -221,17 +211,11 @@ def main(argv: list[str]) -> int:
         train.parse_gin(files, FLAGS.gin_params, untrusted=FLAGS.model_dir)
         task = train.build_task()
         written = export(task, FLAGS.model_dir, path, ema=FLAGS.ema)
-    except NoSpaceError as e:
-        _fail(e)
-        return train.EXIT_NO_SPACE
-    except ConfigError as e:
-        return _fail(e)
-    except NotImplementedError as e:  # e.g. a Task without build_model
-        return _fail(f"{e} Fix TASK in your experiment's .gin file or the Task class.")
-    except RuntimeError as e:  # gin: a required parameter that no file binds
-        if "gin.REQUIRED" in str(e) or "Required bindings" in str(e):
-            return _fail(f"bad gin config: {e}")
-        raise
+    except Exception as e:
+        status = exit_status(e)
+        if status is None:
+            raise
+        return status
     finally:
         gin.clear_config()
     weights = "the EMA averages of " if FLAGS.ema else ""

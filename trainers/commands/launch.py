@@ -42,7 +42,8 @@ import sys
 import threading
 import time
 
-EXIT_USAGE = 2
+from orbitask.trainers.commands.exits import EXIT_USAGE
+
 GRACE_S = 60.0  # how long processes get to save and exit after a relayed SIGTERM
 CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1

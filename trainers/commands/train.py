@@ -3,9 +3,10 @@
     orbitask --gin_file=experiments/digits.gin --model_dir=/tmp/digits [--mode=train_and_eval]
     python -m orbitask.trainers.commands.train ...   # the same binary
 
-A user mistake (bad flag, gin typo, bad setting) prints one line on stderr and exits with 2. An
-exception raised in the user's own code (a module a gin `import` line loads, the task's
-`__init__`, builders, stages, steps, callbacks) propagates with its traceback (exit 1).
+A user mistake (bad flag, gin typo, bad setting) prints one line on stderr and exits with 2
+(`commands.exits` lists every status). An exception raised in the user's own code (a module a
+gin `import` line loads, the task's `__init__`, builders, stages, steps, callbacks) propagates
+with its traceback (exit 1).
 """
 
 from __future__ import annotations
@@ -17,10 +18,7 @@ import tokenize
 
 from absl import flags
 
-EXIT_USAGE = 2  # a user mistake, found before any work
-EXIT_NONFINITE = 3  # the loss or gradient stayed non-finite after the NanGuard's rollbacks
-EXIT_NO_SPACE = 4  # the disk filled during a save; the previous checkpoint is intact
-EXIT_PREEMPTED = 75  # SIGTERM: checkpoint saved, run the same command again to resume
+from orbitask.trainers.commands.exits import exit_status, fail
 
 FLAGS = flags.FlagValues()
 flags.DEFINE_multi_string("gin_file", [], "Gin config file(s), in order.", flag_values=FLAGS)
@@ -48,15 +46,6 @@ def config_root() -> str:
     an editable install, the installed `orbitask` package otherwise (both are the parent of this
     module's package folder). Eager."""
     return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _fail(message: str) -> int:
-    from orbitask.tasks.errors import one_line
-
-    lines = str(message).strip().splitlines()
-    first = one_line(lines[0]) if lines else "error"
-    print(f"orbitask: error: {first}", file=sys.stderr)
-    return EXIT_USAGE
 
 
 def parse_gin(gin_files: list[str], gin_params: list[str], untrusted: str | None = None) -> None:
@@ -191,21 +180,14 @@ def main(argv: list[str]) -> int:
     try:
         FLAGS(["orbitask", *argv])
     except flags.Error as e:
-        return _fail(f"{e}. See `orbitask --help`.")
+        return fail(f"{e}. See `orbitask --help`.")
     if not FLAGS.gin_file:
-        return _fail("--gin_file is required, e.g. --gin_file=experiments/digits.gin")
+        return fail("--gin_file is required, e.g. --gin_file=experiments/digits.gin")
     if not FLAGS.model_dir:
-        return _fail("--model_dir is required: where checkpoints and summaries go.")
+        return fail("--model_dir is required: where checkpoints and summaries go.")
 
     import gin
 
-    from orbitask.tasks.errors import MissingBuilder
-    from orbitask.trainers.errors import (
-        ConfigError,
-        NonFiniteLossError,
-        NoSpaceError,
-        Preempted,
-    )
     from orbitask.trainers.run.experiment import run_experiment
 
     try:
@@ -213,26 +195,11 @@ def main(argv: list[str]) -> int:
         task = build_task()
         chosen = {"eval_checkpoint": FLAGS.checkpoint} if FLAGS.checkpoint else {}
         run_experiment(task=task, model_dir=FLAGS.model_dir, mode=FLAGS.mode, **chosen)
-    except NoSpaceError as e:
-        _fail(str(e))
-        return EXIT_NO_SPACE
-    except ConfigError as e:
-        return _fail(str(e))
-    except NonFiniteLossError as e:
-        _fail(str(e))
-        return EXIT_NONFINITE
-    except MissingBuilder as e:  # e.g. TASK = @orbitask.Task(): a builder is missing
-        first = (str(e).strip().splitlines() or ["a builder is not implemented."])[0]
-        return _fail(f"{first} Fix TASK in your experiment's .gin file or the Task class.")
-    except Preempted as e:
-        first = str(e).strip().splitlines()[0]  # without gin's "In call to configurable" line
-        print(f"orbitask: preempted: {first}", file=sys.stderr)
-        return EXIT_PREEMPTED
-    except RuntimeError as e:
-        # gin raises RuntimeError for a required parameter that no file binds.
-        if "gin.REQUIRED" in str(e) or "Required bindings" in str(e):
-            return _fail(f"bad gin config: {_one_line(e)}")
-        raise
+    except Exception as e:
+        status = exit_status(e)
+        if status is None:
+            raise
+        return status
     finally:
         gin.clear_config()
     return 0

@@ -1,13 +1,13 @@
 """Cluster roles from TF_CONFIG: the chief, non-chief checkpoint folders, parameter-server tasks.
 
-Multi-worker rules (DESIGN, known traps):
+Multi-worker rules:
 
 - Every worker calls save: reading a SyncOnRead variable is a collective, so a save on the chief
   alone deadlocks. Non-chief workers save into their own temporary folder (one checkpoint kept,
   removed when the process exits); only the chief's checkpoints, in the model directory, count.
 - Every worker restores from the chief's checkpoints, so the model directory must be storage
   that every machine reads (GCS, NFS, ...). Each worker restores its own input position
-  (`trainers.input_position`).
+  (`trainers.state.input_position`).
 - Only the chief writes summaries and the operative config.
 
 Under `parameter_server`, the chief is the coordinator that runs the program; `worker` and `ps`
@@ -28,7 +28,7 @@ import tensorflow as tf
 from absl import logging
 
 from orbitask.trainers import compat
-from orbitask.trainers.state import checkpoints, model_dir_lock
+from orbitask.trainers.state import checkpoint_files, checkpoints, model_dir_lock
 
 SERVER_TASKS = ("worker", "ps")
 
@@ -58,7 +58,7 @@ def describe(strategy: tf.distribute.Strategy) -> str:
 
 
 def is_parameter_server(strategy: tf.distribute.Strategy) -> bool:
-    """True for a `ParameterServerStrategy` (trained by `trainers.ps_trainer`)."""
+    """True for a `ParameterServerStrategy` (trained by `trainers.engine.ps_trainer`)."""
     return isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
 
 
@@ -171,7 +171,7 @@ class WorkerCheckpointManager(checkpoints.SafeCheckpointManager):
     that every worker sees the same step and takes the same decision to save or not (saves may
     be collectives). The chief's checkpoints are read as the chief's manager holds them: from
     its state file, or by their files when the state file is damaged
-    (`checkpoints.held_checkpoints`), so every worker restores the same step.
+    (`checkpoint_files.held_checkpoints`), so every worker restores the same step.
 
     Args:
       checkpoint: this worker's `tf.train.Checkpoint`.
@@ -212,14 +212,14 @@ class WorkerCheckpointManager(checkpoints.SafeCheckpointManager):
     @property
     def checkpoints(self) -> list[str]:
         """The chief's checkpoints, oldest first."""
-        return checkpoints.held_checkpoints(
+        return checkpoint_files.held_checkpoints(
             self.chief_directory, self._chief_name, self._chief_keep
         )
 
     @property
     def latest_checkpoint(self) -> str | None:
         """This worker's last save, else the chief's latest checkpoint when this worker started."""
-        return self._latest_checkpoint or self._chief_latest
+        return super().latest_checkpoint or self._chief_latest
 
 
 def _remove_abandoned(prefix: str) -> None:

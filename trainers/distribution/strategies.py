@@ -17,10 +17,10 @@ def build_strategy(strategy: str | tf.distribute.Strategy = "auto") -> tf.distri
     `mirrored`: all GPUs, else all logical CPU devices (`trainers.logical_cpus`;
     `official.common.distribute_utils` would ignore logical CPUs). `one_device`: the first GPU,
     else the CPU. `multi_worker_mirrored` reads TF_CONFIG, or SLURM's environment
-    (`trainers.slurm`).
+    (`trainers.distribution.slurm`).
 
     Raises:
-      ValueError: for an unknown name.
+      ConfigError: for an unknown name, or parameter_server without a cluster in TF_CONFIG.
     """
     if isinstance(strategy, tf.distribute.Strategy):
         return strategy

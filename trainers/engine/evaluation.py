@@ -33,7 +33,7 @@ from orbitask.tasks.base import Task
 from orbitask.trainers import compat
 from orbitask.trainers.distribution.cluster import all_replica_values
 from orbitask.trainers.errors import ConfigError
-from orbitask.trainers.state import checkpoints
+from orbitask.trainers.state import checkpoint_files
 
 ALL_STEPS = 2**31 - 1  # a device loop's bound when evaluating to the end of the dataset
 GATHER_STEPS = 100  # steps per device loop whose logs a task's own aggregate_logs folds in
@@ -200,7 +200,7 @@ class TaskEvaluator(orbit.StandardEvaluator):
         step = int(self.global_step.numpy())
         logs = dict(self.task.reduce_aggregated_logs(state, global_step=step) or {})
         for metric in self.eval_metrics:
-            logs[metric.name] = to_python(metric.result())
+            logs[metric.name] = eval_logs.to_python(metric.result())
         return logs
 
 
@@ -245,7 +245,7 @@ def check_checkpoint(path: str) -> None:
     elif not tf.io.gfile.exists(path + ".index"):
         reason = f"there is no {path}.index"
     else:
-        reason = checkpoints.unreadable_reason(path)
+        reason = checkpoint_files.unreadable_reason(path)
     if reason is not None:
         raise ConfigError(
             f"--checkpoint {path!r} is not a readable checkpoint: {reason}. Pass a checkpoint "
@@ -262,10 +262,10 @@ def saved_checkpoints(manager) -> list[str]:
       ConfigError: when the directory holds no readable checkpoint.
     """
     name = compat.manager_settings(manager)["checkpoint_name"]
-    found = checkpoints.scan(manager.directory, name)
+    found = checkpoint_files.scan(manager.directory, name)
     readable = []
     for path in found:
-        reason = checkpoints.unreadable_reason(path)
+        reason = checkpoint_files.unreadable_reason(path)
         if reason is None:
             readable.append(path)
         else:
@@ -294,10 +294,3 @@ def _per_step(gathered: list, shapes: list, steps: int):
         columns.append([p.reshape(shape) for p, shape in zip(pieces, step_shapes, strict=True)])
     for step in range(steps):
         yield [tf.constant(column[step]) for column in columns]
-
-
-def to_python(value: Any) -> Any:
-    """Returns a tensor or array as a Python float (rank 0) or a NumPy array. Eager."""
-    value = value.numpy() if hasattr(value, "numpy") else value
-    array = np.asarray(value)
-    return float(array) if array.ndim == 0 else array

@@ -30,11 +30,11 @@ class ParameterServerTrainer(TaskTrainer):
     """`TaskTrainer` whose device loops run on the workers through `ClusterCoordinator.schedule`.
 
     Takes `TaskTrainer`'s arguments; `train_iterator` is the per-worker iterator of
-    `trainers.inputs.train_input`. Loops are always `tf.function`s (scheduled functions must
+    `trainers.engine.inputs.train_input`. Loops are always `tf.function`s (scheduled functions must
     be); `nan_guard` is not supported (workers do not update in lockstep).
 
     Raises:
-      ValueError: when a NanGuard is given.
+      ConfigError: when a NanGuard is given.
     """
 
     copies_learning_rate_in_loop = False  # once on the coordinator, not in every closure
@@ -54,12 +54,12 @@ class ParameterServerTrainer(TaskTrainer):
     def train(self, num_steps: tf.Tensor) -> dict:
         """Eager: schedules `num_steps` steps over the workers, waits; returns the last logs."""
         self.train_loop_begin()
-        fresh = self._train_loop_fn is None
+        fresh = self._loop_fn is None
         if fresh:
-            self._train_loop_fn = self.create_train_loop_fn()
+            self._loop_fn = self.create_train_loop_fn()
         start, total = int(self.global_step.numpy()), int(num_steps)
         results = [
-            self.coordinator.schedule(self._train_loop_fn, args=(self._train_iter, tf.constant(n)))
+            self.coordinator.schedule(self._loop_fn, args=(self._iterator, tf.constant(n)))
             for n in split_steps(total, 2 * self.workers)
         ]
         self.coordinator.join()

@@ -6,6 +6,7 @@
       logs = body(batch)                         # PlainBody | GuardedBody
       return Finish(logs)                        # replica mean of logs, EMA, step += 1
 
+`ReplicaBatches` (`trainers.engine.replica_batches`) hands this worker's elements to its replicas.
 `PlainBody` runs a replica function on every replica: the task's `train_step`, or (gradient
 accumulation) the task's `compute_update` over K micro-batches followed by `apply_gradients`.
 `GuardedBody` computes the update on every replica and applies it only when every loss and the
@@ -21,8 +22,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from orbitask.tasks import keras_compat
-from orbitask.trainers.engine.inputs import local_replicas, partial_elements
+from orbitask.tasks import keras_compat, replica_logs
+from orbitask.trainers.engine.replica_batches import ReplicaBatches
 
 
 @dataclasses.dataclass
@@ -40,86 +41,6 @@ class TaskObjects:
     train_metrics: list = dataclasses.field(default_factory=list)
     eval_metrics: list = dataclasses.field(default_factory=list)
     lr_follows: bool = True  # the optimizer(s) take `lr` (`LearningRate.reconcile`)
-
-
-class ReplicaBatches:
-    """Takes one step's elements from this worker's iterator and hands them to its replicas.
-
-    One element per local replica (local replica r gets the r-th); with gradient accumulation K,
-    K rounds of that, and a replica gets the tuple of its K micro-batches. Multi-worker: each
-    worker's iterator holds only its own replicas' batches (`trainers.inputs`). Traced.
-
-    Partial batches (a dataset batched without `drop_remainder`, whose batch dimension is
-    unknown): an element smaller than `per_replica_batch_size` ends the step's examples, as the
-    last, partial batch of an epoch ends one device's batch, and the elements after it are not
-    taken; the examples taken are then split evenly over the step's slots in their order. So
-    each step holds the examples one device's batch of the global size holds, the following
-    steps stay aligned with one device's, and the default step normalises by that real count.
-    """
-
-    def __init__(
-        self,
-        strategy: tf.distribute.Strategy,
-        accumulation: int,
-        per_replica_batch_size: int | None = None,
-    ):
-        self.strategy = strategy
-        self.accumulation = accumulation
-        self.local = local_replicas(strategy)
-        self.per_replica = per_replica_batch_size
-
-    def __call__(self, iterator):
-        count, k = self.local, self.accumulation
-        slots = count * k
-        if slots > 1 and self._may_be_partial(iterator):
-            flat = self._take_until_partial(iterator, slots)
-        else:
-            flat = [next(iterator) for _ in range(slots)]
-        rounds = [flat[i * count : (i + 1) * count] for i in range(k)]
-        if count == 1:
-            return rounds[0][0] if k == 1 else tuple(r[0] for r in rounds)
-
-        def for_replica(ctx):
-            replica = ctx.replica_id_in_sync_group % count
-            return rounds[0][replica] if k == 1 else tuple(r[replica] for r in rounds)
-
-        return self.strategy.experimental_distribute_values_from_function(for_replica)
-
-    def _may_be_partial(self, iterator) -> bool:
-        """Whether the elements' leading dimension is unknown (dense tensors only). Traced."""
-        spec = getattr(iterator, "element_spec", None)
-        if self.per_replica is None or spec is None:
-            return False
-        return partial_elements(spec)
-
-    def _take_until_partial(self, iterator, slots: int) -> list:
-        """`slots` elements: taken while the ones before were full, then empty. Traced."""
-
-        def size(element):
-            return tf.shape(tf.nest.flatten(element)[0])[0]
-
-        first = next(iterator)
-        taken = [first]
-        full = size(first) >= self.per_replica
-        for _ in range(slots - 1):
-            element = tf.cond(
-                full,
-                lambda: next(iterator),
-                lambda: tf.nest.map_structure(lambda t: t[:0], first),
-            )
-            taken.append(element)
-            full = tf.logical_and(full, size(element) >= self.per_replica)
-
-        def split_evenly():
-            joined = tf.nest.map_structure(lambda *parts: tf.concat(parts, 0), *taken)
-            examples = size(joined)
-            bounds = [(i * examples) // slots for i in range(slots + 1)]
-            return [
-                tf.nest.map_structure(lambda t, i=i: t[bounds[i] : bounds[i + 1]], joined)
-                for i in range(slots)
-            ]
-
-        return tf.cond(full, lambda: list(taken), split_evenly)
 
 
 class ReplicaUpdate:
@@ -169,7 +90,7 @@ def task_train_step(objects: TaskObjects, summed: set | None = None) -> Callable
     """The replica function running the task's `train_step` (traced, replica context).
 
     `summed`: a set that receives the keys of the logs computed from a share of the global
-    batch's loss (`keras_compat.recording_global_losses`), or None.
+    batch's loss (`replica_logs.recording_global_losses`), or None.
     """
 
     def replica_step(batch):
@@ -184,7 +105,7 @@ def task_train_step(objects: TaskObjects, summed: set | None = None) -> Callable
             global_batch_size=o.global_batch_size,
         )
         if summed is not None and getattr(summed, "marked", None):
-            summed.update(k for k, v in logs.items() if keras_compat.derives_from(v, summed.marked))
+            summed.update(k for k, v in logs.items() if replica_logs.derives_from(v, summed.marked))
         return logs
 
     return replica_step
@@ -192,7 +113,7 @@ def task_train_step(objects: TaskObjects, summed: set | None = None) -> Callable
 
 class LogKeys(set):
     """The keys of a step's logs that are summed over replicas; `marked` holds the tensors
-    `keras_compat.recording_global_losses` saw during the trace."""
+    `replica_logs.recording_global_losses` saw during the trace."""
 
     marked: set | None = None
 
@@ -385,7 +306,7 @@ class TrainStep:
         if self.convention is not None:
             return self.finish(*self.body(batch))
         self.summed.clear()
-        with keras_compat.recording_global_losses() as marked:
+        with replica_logs.recording_global_losses() as marked:
             self.summed.marked = marked
             body = self.body(batch)
         self.summed.marked = None

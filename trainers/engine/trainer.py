@@ -24,8 +24,8 @@ from typing import Any
 import orbit
 import tensorflow as tf
 
-from orbitask.tasks import keras_compat
-from orbitask.trainers.engine.evaluation import TaskEvaluator, to_python
+from orbitask.tasks import eval_logs, keras_compat
+from orbitask.trainers.engine.evaluation import TaskEvaluator
 from orbitask.trainers.state import random_state
 
 
@@ -83,14 +83,17 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         self._loop = _LoopRecord()
         self._history_keys: list[str] = []
         self._use_tf_while_loop = use_tf_while_loop
-        self.mark_loops = False  # set by `trainers.profiling.Profiler` while it traces
+        self.mark_loops = False  # set by `trainers.actions.profiling.Profiler` while it traces
         self._trainable_signature = None
         orbit.StandardTrainer.__init__(
             self,
             None,
             options=orbit.StandardTrainerOptions(use_tf_while_loop=use_tf_while_loop),
         )
-        self._train_iter = train_iterator
+        # `train` is this class's own: its loop function and iterator are its own attributes,
+        # not the ones Orbit's `StandardTrainer.train` keeps.
+        self._loop_fn = None
+        self._iterator = train_iterator
         if eval_dataset is not None:
             TaskEvaluator.__init__(
                 self,
@@ -106,14 +109,14 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         Eager; the loop itself is one tf.function (Orbit's `create_train_loop_fn`).
         """
         self.train_loop_begin()
-        fresh = self._train_loop_fn is None
+        fresh = self._loop_fn is None
         if fresh:
-            self._train_loop_fn = self.create_train_loop_fn()
+            self._loop_fn = self.create_train_loop_fn()
         if self.mark_loops:  # while profiling: each loop a "train" step in TensorBoard
             with tf.profiler.experimental.Trace("train", step_num=self.step_now(), _r=1):
-                out = self._train_loop_fn(self._train_iter, num_steps)
+                out = self._loop_fn(self._iterator, num_steps)
         else:
-            out = self._train_loop_fn(self._train_iter, num_steps)
+            out = self._loop_fn(self._iterator, num_steps)
         if fresh:
             keras_compat.refresh_tracking(self.optimizer)
         loop = self._loop
@@ -127,7 +130,7 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
     def set_train_iterator(self, iterator: Any) -> None:
         """Makes the next device loops read `iterator` (an input rebuilt at its position). Eager;
         returns None."""
-        self._train_iter = iterator
+        self._iterator = iterator
 
     @property
     def last_step(self) -> int | None:
@@ -248,7 +251,7 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         if signature != self._trainable_signature:
             # A callback froze or unfroze layers: retrace so the step trains the new set.
             self._trainable_signature = signature
-            self._train_loop_fn = None
+            self._loop_fn = None
 
     def train_step(self, iterator):
         """One distributed step = one optimizer update (cross-replica context, traced).
@@ -264,7 +267,7 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         """
         loop_output = loop_output or {}
         logs = {**loop_output.get("logs", {}), **loop_output.get("metrics", {})}
-        out = {k: to_python(v) for k, v in logs.items()}
+        out = {k: eval_logs.to_python(v) for k, v in logs.items()}
         lr = loop_output.get("learning_rate")
         out["learning_rate"] = float(self.lr.numpy() if lr is None else lr)
         return out

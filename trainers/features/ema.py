@@ -14,7 +14,7 @@ from typing import Any
 import gin
 import tensorflow as tf
 
-from orbitask.trainers.errors import ConfigError
+from orbitask.tasks import setting_rules
 
 
 @gin.configurable("ExponentialMovingAverage", module="orbitask")
@@ -26,10 +26,7 @@ class ExponentialMovingAverage:
     """
 
     def __init__(self, decay: float = 0.999):
-        if not 0.0 < decay < 1.0:
-            raise ConfigError(
-                f"`ExponentialMovingAverage.decay` must be in (0, 1); received {decay!r}."
-            )
+        setting_rules.check("ExponentialMovingAverage", {"decay": decay})
         self.decay = decay
         self.variables: list = []
         self.shadows: list = []

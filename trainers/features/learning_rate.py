@@ -23,7 +23,7 @@ import gin
 import tensorflow as tf
 import tf_keras
 
-from orbitask.tasks import keras_compat
+from orbitask.tasks import keras_compat, setting_rules
 from orbitask.trainers.errors import ConfigError
 
 KINDS = ("constant", "exponential", "cosine")
@@ -53,8 +53,11 @@ def learning_rate_schedule(
       warmup_start: the rate at step 0 when warming up.
 
     Raises:
-      ValueError: for an unknown kind or a missing `decay_steps`.
+      ConfigError: for an unknown kind or a missing `decay_steps`.
     """
+    numbers = dict(initial=initial, decay_steps=decay_steps, decay_rate=decay_rate, alpha=alpha)
+    numbers.update(warmup_steps=warmup_steps, warmup_start=warmup_start)
+    setting_rules.check("learning_rate_schedule", numbers)
     if kind not in KINDS:
         raise ConfigError(
             f"`learning_rate_schedule.kind` must be one of {', '.join(KINDS)}; received {kind!r}."

@@ -49,14 +49,15 @@ class NanGuard:
         spike_factor: float | None = None,
         spike_warmup: int = 20,
     ):
-        for name, value, low in (("patience", patience, 1), ("max_rollbacks", max_rollbacks, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ConfigError(
-                    f"`NanGuard.{name}` must be an integer >= {low}; received {value!r}. "
-                    "Fix it in your .gin file."
-                )
-        spike = {"spike_factor": spike_factor, "spike_warmup": spike_warmup}
-        setting_rules.check("NanGuard", spike)
+        setting_rules.check(
+            "NanGuard",
+            dict(
+                patience=patience,
+                max_rollbacks=max_rollbacks,
+                spike_factor=spike_factor,
+                spike_warmup=spike_warmup,
+            ),
+        )
         if spike_factor is not None and spike_factor <= 1:
             raise ConfigError(
                 f"`NanGuard.spike_factor` must be greater than 1 (or None: off); received "

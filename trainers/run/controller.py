@@ -47,7 +47,7 @@ from absl import logging
 
 from orbitask.trainers.actions.triggers import Trigger
 from orbitask.trainers.distribution import cluster
-from orbitask.trainers.state import checkpoints
+from orbitask.trainers.state import checkpoint_restore
 
 
 class Controller(orbit.Controller):
@@ -271,11 +271,11 @@ class Controller(orbit.Controller):
         self._require("checkpoint_manager", for_method="restore_checkpoint")
         with self.strategy.scope():
             if checkpoint_path is not None:
-                checkpoints.restore(manager.checkpoint, checkpoint_path)
+                checkpoint_restore.restore(manager.checkpoint, checkpoint_path)
                 return checkpoint_path
             if manager.latest_checkpoint is None:
                 return manager.restore_or_initialize()
-            path = checkpoints.restore_newest_readable(manager.checkpoint, manager)
+            path = checkpoint_restore.restore_newest_readable(manager.checkpoint, manager)
         if self._evaluated is not None:
             self._recorded = int(self._evaluated.numpy())
         if path:

@@ -8,7 +8,9 @@ import gin
 
 from orbitask.tasks import model_garden
 from orbitask.trainers.run.runner import ExperimentRunner
-from orbitask.trainers.run.settings import Settings
+from orbitask.trainers.run.settings import Settings, defaults
+
+_D = defaults()  # every setting's default has one home: the settings' groups
 
 
 @gin.configurable("run_experiment", module="orbitask")
@@ -18,72 +20,52 @@ def run_experiment(
     mode: str = "train_and_eval",
     eval_checkpoint: str | None = None,
     train_steps: int | None = gin.REQUIRED,
-    train_epochs: int | None = None,
-    global_batch_size: int = 64,
-    learning_rate: Any = None,
-    steps_per_loop: int = 100,
-    loop_seconds: float | None = 1.0,
-    eval_interval: int | None = 500,
-    eval_seconds: float | None = None,
-    eval_steps: int | None = None,
-    checkpoint_interval: int | None = None,
-    checkpoint_seconds: float | None = 600.0,
-    keep_input_positions: int = 3,
-    async_checkpoints: bool = False,
-    strategy: Any = "auto",
-    use_tf_while_loop: bool = True,
-    progress: bool = True,
-    continuous_eval_timeout: float | None = None,
-    nan_guard: Any = None,
-    seed: int | None = None,
-    cpu_devices: int | None = None,
-    gradient_accumulation_steps: int = 1,
-    validation_control: Any = None,
-    eval_at_start: bool = False,
-    jit_compile: bool = False,
-    histogram_interval: int | None = None,
-    profile_steps: Any = None,
-    warm_start: Any = None,
-    mixed_precision: str | None = None,
-    ema: Any = None,
-    export_at_end: bool = False,
+    train_epochs: int | None = _D["train_epochs"],
+    global_batch_size: int = _D["global_batch_size"],
+    learning_rate: Any = _D["learning_rate"],
+    steps_per_loop: int = _D["steps_per_loop"],
+    loop_seconds: float | None = _D["loop_seconds"],
+    eval_interval: int | None = _D["eval_interval"],
+    eval_seconds: float | None = _D["eval_seconds"],
+    eval_steps: int | None = _D["eval_steps"],
+    checkpoint_interval: int | None = _D["checkpoint_interval"],
+    checkpoint_seconds: float | None = _D["checkpoint_seconds"],
+    max_to_keep: int | None = _D["max_to_keep"],
+    keep_input_positions: int = _D["keep_input_positions"],
+    train_prefetch: int | None = _D["train_prefetch"],
+    train_prefetch_bytes: int | None = _D["train_prefetch_bytes"],
+    async_checkpoints: bool = _D["async_checkpoints"],
+    strategy: Any = _D["strategy"],
+    use_tf_while_loop: bool = _D["use_tf_while_loop"],
+    progress: bool = _D["progress"],
+    continuous_eval_timeout: float | None = _D["continuous_eval_timeout"],
+    nan_guard: Any = _D["nan_guard"],
+    seed: int | None = _D["seed"],
+    cpu_devices: int | None = _D["cpu_devices"],
+    gradient_accumulation_steps: int = _D["gradient_accumulation_steps"],
+    validation_control: Any = _D["validation_control"],
+    eval_at_start: bool = _D["eval_at_start"],
+    jit_compile: bool = _D["jit_compile"],
+    histogram_interval: int | None = _D["histogram_interval"],
+    profile_steps: Any = _D["profile_steps"],
+    warm_start: Any = _D["warm_start"],
+    mixed_precision: str | None = _D["mixed_precision"],
+    ema: Any = _D["ema"],
+    export_at_end: bool = _D["export_at_end"],
     params: Any = None,
 ) -> dict:
-    """Trains and/or evaluates `task`, writing checkpoints and summaries under `model_dir`.
+    """Trains and/or evaluates `task` under `model_dir`; gin binds `orbitask.run_experiment.*`.
 
-    Eager. Builds the strategy, then inside its scope the task's model, loss, optimizer, metrics
-    and checkpoint; restores the latest checkpoint; runs an `orbit.Controller`. The work is
-    `runner.ExperimentRunner`'s; the arguments are gin's `orbitask.run_experiment.*` bindings.
+    Eager; the work is `runner.ExperimentRunner`'s. `task`: an `orbitask.Task`, or a Model Garden
+    task as it is (docs/porting_from_model_garden.md), whose `ExperimentConfig` `params` then
+    gives the optimizer and schedule. `mode`: train, eval, train_and_eval, continuous_eval or
+    eval_all (every checkpoint, oldest first). `eval_checkpoint`: the `ckpt-N` that mode eval
+    evaluates (None: the newest). Every other argument is the field of that name of one group
+    in `settings` (`LoopSettings`, ...), documented there; configs/defaults.gin lists them all.
 
-    Args:
-      task: an `orbitask.Task`, or a Model Garden `official.core.base_task.Task` as it is
-        (wrapped in `orbitask.ModelGardenTask`; docs/porting_from_model_garden.md).
-      model_dir: checkpoints go here, summaries under `train/` and `eval/`.
-      mode: "train", "eval", "train_and_eval", "continuous_eval" or "eval_all" (every
-        checkpoint of `model_dir`, oldest first, each at its own step; then it returns).
-      eval_checkpoint: with mode "eval", the checkpoint to evaluate (a `ckpt-N` prefix, in
-        `model_dir` or elsewhere; the binary's `--checkpoint`); None: the newest in `model_dir`.
-      params: for a Model Garden `task`, its `ExperimentConfig`, as Model Garden's
-        `train_lib.run_experiment(params=...)` takes it: the optimizer and its schedule are the
-        config's (`orbitask.ModelGardenTask(task, experiment=params)`). None: the seed's.
-      **settings: every other argument is a field of one group in `settings`, documented
-        there: `LoopSettings` (train_steps, train_epochs, global_batch_size, learning_rate,
-        steps_per_loop, loop_seconds, use_tf_while_loop, jit_compile, gradient_accumulation_steps,
-        seed, progress), `CheckpointSettings` (checkpoint_interval, checkpoint_seconds,
-        warm_start, keep_input_positions, async_checkpoints), `EvalSettings` (eval_interval,
-        eval_seconds, eval_steps, continuous_eval_timeout, validation_control, eval_at_start),
-        `DistributionSettings` (strategy, cpu_devices), `FeatureSettings` (nan_guard,
-        mixed_precision, ema, histogram_interval, profile_steps, export_at_end).
-
-    Returns:
-      `{"train": last train logs, "eval": last eval logs}` (Python floats / NumPy arrays), and
-      `"export"`, the SavedModel's folder, when `export_at_end` wrote one; with
-      `eval_checkpoint` or mode "eval_all", `"evaluated"`: one `{"checkpoint", "step", "eval"}`
-      per checkpoint evaluated, in order.
-
-    Raises:
-      ConfigError: for a bad setting, before any work. An exception from the task's own code
-        (builders, steps, callbacks) propagates unchanged, with its traceback.
+    Returns `{"train": logs, "eval": logs}`, plus `"export"` (the SavedModel folder) when one
+    was written, `"evaluated"` (`{"checkpoint", "step", "eval"}` each) for eval_checkpoint or
+    eval_all. Raises `ConfigError` for a bad setting, before any work.
     """
     flat = dict(locals())
     task, model_dir, mode = flat.pop("task"), flat.pop("model_dir"), flat.pop("mode")

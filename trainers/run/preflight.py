@@ -6,6 +6,7 @@ to fix it, raised before any training work (or any checkpoint write) happens.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import uuid
@@ -19,6 +20,19 @@ from orbitask.tasks.errors import one_line
 from orbitask.trainers.engine import evaluation, inputs, user_code
 from orbitask.trainers.errors import ConfigError
 from orbitask.trainers.state.input_position import IteratorInput
+from orbitask.trainers.state.saved_model import zeros
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainObjects:
+    """The objects a training batch goes through, as the checks before the first step use them."""
+
+    model: Any
+    loss_fn: Any
+    lr: Any
+    optimizer: Any
+    metrics: list
+    global_batch_size: int
 
 
 def check_model_dir(model_dir: str) -> None:
@@ -44,24 +58,10 @@ def _describe(spec: Any) -> str:
     return str(tf.nest.map_structure(one, spec)).replace("'", "")
 
 
-def _zeros(spec: Any, batch: int) -> Any:
-    def make(s):
-        dims = [d if d is not None else 1 for d in s.shape.as_list()]
-        if dims and s.shape[0] is None:
-            dims[0] = batch
-        return tf.zeros(dims, s.dtype) if s.dtype != tf.string else tf.fill(dims, "")
-
-    return tf.nest.map_structure(make, spec)
-
-
 def check_inputs(
     task: Any,
     element_spec: Any,
-    model: Any,
-    loss_fn: Any,
-    lr: Any,
-    per_replica_batch_size: int,
-    global_batch_size: int,
+    objects: TrainObjects,
     replicas: int,
     training: bool = True,
 ) -> None:
@@ -70,10 +70,13 @@ def check_inputs(
     A task whose step is its own (`train_step` overridden, or `validation_step` for
     `training=False`) owns its batch: nothing is checked. Otherwise, with the default
     `input_pre` / `loss_pre` the batch must be an `(inputs, labels)` pair; with
-    the default `make_batches` its batch dimension must be `per_replica_batch_size`; and with the
-    default `train_step` a batch of zeros of that spec must go through `input_pre`, the model,
-    `loss_pre` and the loss eagerly, the loss being per-example losses or their sum.
+    the default `make_batches` its batch dimension must be the per-replica batch size
+    (`objects.global_batch_size` / `replicas`); and with the default `train_step` a batch of
+    zeros of that spec must go through `input_pre`, the model, `loss_pre` and the loss eagerly,
+    the loss being per-example losses or their sum.
     """
+    global_batch_size = objects.global_batch_size
+    per_replica_batch_size = global_batch_size // replicas
     where = "build_inputs" + ("" if training else " (training=False)")
     kind = type(task)
     step = (
@@ -106,15 +109,17 @@ def check_inputs(
                 f"{replicas} replicas); batch with the per_replica_batch_size argument."
             )
     if kind.train_step is Task.train_step and training:
-        _check_forward(task, element_spec, (model, loss_fn, lr), per_replica_batch_size, where)
+        _check_forward(task, element_spec, objects, per_replica_batch_size, where)
 
 
-def _check_forward(task: Any, element_spec: Any, objects: tuple, batch_size: int, where: str):
+def _check_forward(
+    task: Any, element_spec: Any, objects: TrainObjects, batch_size: int, where: str
+) -> None:
     """A batch of zeros of `element_spec` through `input_pre`, the model, `loss_pre` and the loss,
     eagerly; the loss must be per-example losses or their sum."""
-    model, loss_fn, lr = objects
+    model, loss_fn, lr = objects.model, objects.loss_fn, objects.lr
     name = type(task).__name__
-    batch = _zeros(element_spec, batch_size)
+    batch = zeros(element_spec, batch_size)
 
     def replica_loss(outputs):  # where the step computes it: in replica context
         return loss_fn(task.loss_pre(outputs, batch, model, lr))
@@ -179,30 +184,25 @@ def check_built_in_scope(task: Any, model: Any, strategy: Any) -> None:
             )
 
 
-def checked_train_input(task: Any, strategy: Any, train_input: Any, objects: tuple) -> Any:
+def checked_train_input(task: Any, strategy: Any, train_input: Any, objects: TrainObjects) -> Any:
     """`train_input` (`inputs.train_input`) checked before the first step: its position
     checkpointable, and one batch of its spec through the model and loss. Builds the optimizer's
     slots. Eager; returns `train_input`.
 
-    Args:
-      objects: `(model, loss_fn, lr, optimizer, train_metrics, global_batch_size)`.
-
     Raises:
       ConfigError: naming what does not fit.
     """
-    model, loss_fn, lr, optimizer, metrics, global_batch_size = objects
-    replicas = strategy.num_replicas_in_sync
+    model, replicas = objects.model, strategy.num_replicas_in_sync
     check_built_in_scope(task, model, strategy)
     if isinstance(train_input, IteratorInput):
         check_checkpointable_input(task, train_input.iterator)
-    spec, per_replica = train_input.element_spec, global_batch_size // replicas
-    check_inputs(task, spec, model, loss_fn, lr, per_replica, global_batch_size, replicas)
+    spec, per_replica = train_input.element_spec, objects.global_batch_size // replicas
+    check_inputs(task, spec, objects, replicas)
     if _weightless(model) and type(task).train_step is not Task.train_step:
-        step = (model, optimizer, metrics, loss_fn, lr, global_batch_size)
-        _build_weights_with_a_dry_step(task, strategy, spec, per_replica, step)
+        _build_weights_with_a_dry_step(task, strategy, spec, per_replica, objects)
     # After check_inputs, which calls the model once: a Keras model without an Input layer only
     # has weights from then on, and the optimizer must be built with them.
-    keras_compat.build_optimizer_slots(optimizer, trainable_variables(task, model), model)
+    keras_compat.build_optimizer_slots(objects.optimizer, trainable_variables(task, model), model)
     return train_input
 
 
@@ -226,12 +226,14 @@ class _NoUpdate:
         return getattr(self._optimizer, name)
 
 
-def _build_weights_with_a_dry_step(task, strategy, spec, batch_size, step_objects):
+def _build_weights_with_a_dry_step(
+    task: Any, strategy: Any, spec: Any, batch_size: int, objects: TrainObjects
+) -> None:
     """Builds the weights of a model without an `Input` layer for a task whose `train_step` is
     its own: one eager step on a batch of zeros, on every replica, with the optimizer's updates
     skipped (the trainer resets metrics before each loop; the default step builds the weights in
     `check_inputs`)."""
-    model, optimizer, metrics, loss_fn, lr, global_batch_size = step_objects
+    optimizer = objects.optimizer
     stand_in = (
         {k: _NoUpdate(v) for k, v in optimizer.items()}
         if isinstance(optimizer, dict)
@@ -241,16 +243,16 @@ def _build_weights_with_a_dry_step(task, strategy, spec, batch_size, step_object
     def dry_step(batch):
         return task.train_step(
             batch,
-            model,
+            objects.model,
             stand_in,
-            metrics,
-            loss_fn=loss_fn,
-            lr=lr,
-            global_batch_size=global_batch_size,
+            objects.metrics,
+            loss_fn=objects.loss_fn,
+            lr=objects.lr,
+            global_batch_size=objects.global_batch_size,
         )
 
     try:
-        strategy.run(dry_step, args=(_zeros(spec, batch_size),))
+        strategy.run(dry_step, args=(zeros(spec, batch_size),))
     except Exception as e:
         e.add_note(
             "orbitask: raised by one dry train_step on a batch of zeros, which builds the weights "
@@ -263,7 +265,7 @@ def trainable_variables(task: Any, model: Any) -> list:
     """Returns the trainable variables of the model (or dict of models). Eager.
 
     Raises:
-      ValueError: when there are none (a Keras model without an input shape has no weights
+      ConfigError: when there are none (a Keras model without an input shape has no weights
         until it is first called).
     """
     models = model.values() if isinstance(model, dict) else [model]

@@ -12,6 +12,7 @@ import gin
 from orbitask.tasks import Task, setting_rules
 from orbitask.tasks.model_garden import GUIDE, ModelGardenTask
 from orbitask.trainers.actions import profiling
+from orbitask.trainers.engine.prefetch import Prefetch
 from orbitask.trainers.errors import ConfigError
 
 MODES = ("train", "eval", "train_and_eval", "continuous_eval", "eval_all")
@@ -26,7 +27,7 @@ class LoopSettings:
         training input (one epoch when that is None too).
       train_epochs: train this many epochs of a training input of known size (an
         `IndexedInput`, or a finite `tf.data` dataset, which orbitask then repeats itself):
-        `train_steps` is computed from it when the input is built (`inputs.epoch_length`),
+        `train_steps` is computed from it when the input is built (`epochs.epoch_length`),
         the fewest of any worker's. Only with `train_steps` None; a `continuous_eval` job
         beside such a run does not know its last step and polls until it is stopped.
       global_batch_size: one step's batch over all replicas; `build_inputs` gets
@@ -62,30 +63,41 @@ class LoopSettings:
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointSettings:
-    """When checkpoints are saved (also at the end, on SIGTERM and at early stop) and what a
-    fresh run starts from.
+    """When checkpoints are saved (also at the end, on SIGTERM and at early stop), what they
+    keep, and what a fresh run starts from.
 
     Attributes:
-      interval: `checkpoint_interval`: save at every multiple of this step (None: no step rule).
-      seconds: `checkpoint_seconds`: save after the first device loop that ends this many
-        seconds after the last save (None: no time rule).
+      checkpoint_interval: save at every multiple of this step (None: no step rule).
+      checkpoint_seconds: save after the first device loop that ends this many seconds after
+        the last save (None: no time rule).
+      max_to_keep: how many of the newest checkpoints are kept; None: as many as the manager
+        of the Task's `build_checkpoint` keeps (the default builder keeps 50).
       warm_start: an `orbitask.WarmStart` copying model weights from a pretrained checkpoint
         into a fresh run (never the optimizer, step or input position), or None.
-      input_positions: `keep_input_positions`: how many of the newest checkpoints keep a
-        `tf.data` input's position (its iterator state, one file per worker, under
-        `input/`); resuming from an older one restarts the input from its beginning.
-      asynchronous: `async_checkpoints`: the interval, time-rule and final saves copy the
-        values to host memory and return; a background thread writes the files while training
-        goes on. The next save, the end of the run, SIGTERM and an error wait for that write.
-        Under `multi_worker_mirrored` each worker writes so (the non-chief ones into their
-        temporary folders); under `parameter_server` the chief does.
+      keep_input_positions: how many of the newest checkpoints keep a `tf.data` input's
+        position (its iterator state, one file per worker, under `input/`); resuming from an
+        older one restarts the input from its beginning.
+      train_prefetch: a training pipeline ending in `prefetch(tf.data.AUTOTUNE)` prefetches
+        this many steps' elements instead (each step's: one per replica, or K per replica with
+        gradient accumulation), so a saved input position holds a bounded buffer; None keeps
+        the autotuned buffer.
+      train_prefetch_bytes: at most this many bytes of such prefetched elements, but at least
+        one step's; None: no byte bound.
+      async_checkpoints: the interval, time-rule and final saves copy the values to host
+        memory and return; a background thread writes the files while training goes on. The
+        next save, the end of the run, SIGTERM and an error wait for that write. Under
+        `multi_worker_mirrored` each worker writes so (the non-chief ones into their temporary
+        folders); under `parameter_server` the chief does.
     """
 
-    interval: int | None = None
-    seconds: float | None = 600.0
+    checkpoint_interval: int | None = None
+    checkpoint_seconds: float | None = 600.0
+    max_to_keep: int | None = None
     warm_start: Any = None
-    input_positions: int = 3
-    asynchronous: bool = False
+    keep_input_positions: int = 3
+    train_prefetch: int | None = Prefetch.steps
+    train_prefetch_bytes: int | None = Prefetch.max_bytes
+    async_checkpoints: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,28 +105,27 @@ class EvalSettings:
     """When and how much to evaluate, and what evaluation controls.
 
     Attributes:
-      interval: `eval_interval`: train steps between evaluations in train_and_eval (None: only
-        at the end).
-      seconds: `eval_seconds`: in train_and_eval, also evaluate at the end of the first device
-        loop that ends this many seconds of training after the last evaluation (under
+      eval_interval: train steps between evaluations in train_and_eval (None: only at the end).
+      eval_seconds: in train_and_eval, also evaluate at the end of the first device loop that
+        ends this many seconds of training after the last evaluation (under
         `multi_worker_mirrored`, on every worker when any worker's clock says so); None: by
         steps only.
-      steps: `eval_steps`: validation steps per evaluation; None runs the whole dataset.
-      continuous_timeout: `continuous_eval_timeout`: in continuous_eval, seconds between checks
-        for a new checkpoint (default 30); it stops after evaluating the one at `train_steps`.
+      eval_steps: validation steps per evaluation; None runs the whole dataset.
+      continuous_eval_timeout: in continuous_eval, seconds between checks for a new
+        checkpoint (None: 30); it stops after evaluating the one at `train_steps`.
       validation_control: an `orbitask.ValidationControl` (best-checkpoint export to `best/`,
         LR halving on a worse validation, going back to the best, early stop), or None.
-      at_start: `eval_at_start`: in train_and_eval, a baseline evaluation before training, at
-        the starting step, unless the checkpoint records an evaluation already; the
-        validation control counts it as the first best.
+      eval_at_start: in train_and_eval, a baseline evaluation before training, at the starting
+        step, unless the checkpoint records an evaluation already; the validation control
+        counts it as the first best.
     """
 
-    interval: int | None = 500
-    seconds: float | None = None
-    steps: int | None = None
-    continuous_timeout: float | None = None
+    eval_interval: int | None = 500
+    eval_seconds: float | None = None
+    eval_steps: int | None = None
+    continuous_eval_timeout: float | None = None
     validation_control: Any = None
-    at_start: bool = False
+    eval_at_start: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,55 +188,38 @@ class Settings:
         if flat.get("train_epochs") is not None and flat.get("train_steps") is gin.REQUIRED:
             flat["train_steps"] = None  # epochs set: TRAIN_STEPS need not be
         groups = {}
-        for field, (group, names) in _FLAT.items():
-            given = {short: flat.pop(name) for name, short in names.items() if name in flat}
-            groups[field] = group(**given)
+        for field, group in _GROUPS.items():
+            names = [f.name for f in dataclasses.fields(group)]
+            groups[field] = group(**{name: flat.pop(name) for name in names if name in flat})
         if flat:
             raise ConfigError(f"unknown settings {sorted(flat)}; see run_experiment's arguments.")
         return cls(**groups)
 
 
-def _same(cls) -> dict:
-    return {f.name: f.name for f in dataclasses.fields(cls)}
-
-
-# Settings field -> (group, {run_experiment argument: the group's field}).
-_FLAT = {
-    "loop": (LoopSettings, _same(LoopSettings)),
-    "checkpoints": (
-        CheckpointSettings,
-        {
-            "checkpoint_interval": "interval",
-            "checkpoint_seconds": "seconds",
-            "warm_start": "warm_start",
-            "keep_input_positions": "input_positions",
-            "async_checkpoints": "asynchronous",
-        },
-    ),
-    "evaluation": (
-        EvalSettings,
-        {
-            "eval_interval": "interval",
-            "eval_seconds": "seconds",
-            "eval_steps": "steps",
-            "continuous_eval_timeout": "continuous_timeout",
-            "validation_control": "validation_control",
-            "eval_at_start": "at_start",
-        },
-    ),
-    "distribution": (DistributionSettings, _same(DistributionSettings)),
-    "features": (FeatureSettings, _same(FeatureSettings)),
+# The groups of `Settings`, by field: each group's fields are named as run_experiment's arguments.
+_GROUPS = {
+    "loop": LoopSettings,
+    "checkpoints": CheckpointSettings,
+    "evaluation": EvalSettings,
+    "distribution": DistributionSettings,
+    "features": FeatureSettings,
 }
 
 
 def flat(settings: Settings) -> dict[str, Any]:
     """Returns `run_experiment`'s arguments (all but task, model_dir, mode) from `settings`,
-    the inverse of `Settings.from_flat`. Eager."""
+    the inverse of `Settings.from_flat`: a group's fields are named as the arguments. Eager."""
     values = {}
-    for field, (_, names) in _FLAT.items():
+    for field in _GROUPS:
         group = getattr(settings, field)
-        values.update({name: getattr(group, short) for name, short in names.items()})
+        values.update({f.name: getattr(group, f.name) for f in dataclasses.fields(group)})
     return values
+
+
+def defaults() -> dict[str, Any]:
+    """Every setting's default, by `run_experiment`'s argument name (`train_steps`: None). The
+    one home of these values: `run_experiment`'s signature reads them here. Eager."""
+    return flat(Settings(loop=LoopSettings(train_steps=None)))
 
 
 def check(task: Any, model_dir: Any, mode: str, settings: Settings) -> None:
@@ -288,7 +282,7 @@ def _check_default_step(task: Any, float16: bool, loop: LoopSettings) -> None:
         raise ConfigError(
             f"mixed_float16 loss scaling needs the default train_step, but "
             f"{name} overrides it; scale the loss in your train_step (see "
-            "README, Mixed precision) and use mixed_bfloat16, or keep the default step."
+            "docs/features.md, mixed precision) and use mixed_bfloat16, or keep the default step."
         )
     if loop.gradient_accumulation_steps > 1:
         raise ConfigError(
@@ -298,7 +292,7 @@ def _check_default_step(task: Any, float16: bool, loop: LoopSettings) -> None:
 
 
 def check_cpu_devices(wanted: int, got: int) -> None:
-    """Raises ValueError when TensorFlow started with another number of CPU devices."""
+    """Raises ConfigError when TensorFlow started with another number of CPU devices."""
     if got != wanted:
         raise ConfigError(
             f"`cpu_devices` is {wanted} but TensorFlow already started with {got} CPU "
@@ -307,7 +301,7 @@ def check_cpu_devices(wanted: int, got: int) -> None:
 
 
 def check_replicas(replicas: int, global_batch_size: int, jit_compile: bool) -> None:
-    """Raises ValueError for a global batch or an XLA setting the strategy cannot run."""
+    """Raises ConfigError for a global batch or an XLA setting the strategy cannot run."""
     import tensorflow as tf
 
     if global_batch_size % replicas:
@@ -324,7 +318,7 @@ def check_replicas(replicas: int, global_batch_size: int, jit_compile: bool) -> 
 
 
 def check_nan_guard_step(task: Any) -> None:
-    """Raises ValueError when `task` overrides `train_step`, which the NaN guard needs."""
+    """Raises ConfigError when `task` overrides `train_step`, which the NaN guard needs."""
     if isinstance(task, ModelGardenTask):
         raise ConfigError(_model_garden_refusal(task, "nan_guard"))
     if type(task).train_step is not Task.train_step:

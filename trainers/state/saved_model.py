@@ -30,7 +30,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from orbitask.trainers.engine import inputs
+from orbitask.trainers.engine import eval_inputs
 from orbitask.trainers.errors import ConfigError, NoSpaceError
 from orbitask.trainers.state.full_disk import is_no_space
 
@@ -109,7 +109,7 @@ def build_weights(task: Any, model: Any, per_replica_batch_size: int) -> None:
     models = model.values() if isinstance(model, dict) else [model]
     if not isinstance(model, dict) and not model.weights:
         specs = _data_inputs(task, per_replica_batch_size)
-        model(tf.nest.map_structure(_zeros, specs), training=False)
+        model(zeros(specs), training=False)
     if not all(m.weights for m in models):
         raise ConfigError(
             f"{type(task).__name__}.build_model() returned a model without weights; give it an "
@@ -117,9 +117,17 @@ def build_weights(task: Any, model: Any, per_replica_batch_size: int) -> None:
         )
 
 
-def _zeros(spec: tf.TensorSpec) -> tf.Tensor:
-    dims = [1 if d is None else d for d in spec.shape.as_list()]
-    return tf.fill(dims, "") if spec.dtype == tf.string else tf.zeros(dims, spec.dtype)
+def zeros(spec: Any, batch: int = 1) -> Any:
+    """A nest of zeros (empty strings for `tf.string`) of the TensorSpecs `spec`: a free
+    leading dimension is `batch`, any other free dimension 1. Eager; returns it."""
+
+    def make(s: tf.TensorSpec) -> tf.Tensor:
+        dims = [d if d is not None else 1 for d in s.shape.as_list()]
+        if dims and s.shape[0] is None:
+            dims[0] = batch
+        return tf.zeros(dims, s.dtype) if s.dtype != tf.string else tf.fill(dims, "")
+
+    return tf.nest.map_structure(make, spec)
 
 
 def _model_inputs(model: Any, name: str | None) -> Any:
@@ -144,7 +152,7 @@ def _model_inputs(model: Any, name: str | None) -> Any:
 def _data_inputs(task: Any, per_replica_batch_size: int) -> Any:
     """TensorSpecs of what the model receives in evaluation: a validation batch through
     `task.input_pre`, traced (never run)."""
-    dataset = inputs.eval_dataset(task, tf.distribute.get_strategy(), per_replica_batch_size)
+    dataset = eval_inputs.eval_dataset(task, tf.distribute.get_strategy(), per_replica_batch_size)
     lr = tf.constant(0.0)
     traced = tf.function(lambda batch: task.input_pre(batch, lr))
     outputs = traced.get_concrete_function(dataset.element_spec).structured_outputs

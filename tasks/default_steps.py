@@ -1,0 +1,297 @@
+"""The default `train_step` and `validation_step` of a Task, composed from its stages.
+
+`DefaultSteps` is a base of `Task` (as Keras' `Trainer` is of `Model`): its methods call the
+Task's stages (`input_pre`, `loss_pre`, `grad_pre`, `update_pre`, `process_metrics`) and use its
+`loss` key and `added_losses`.
+
+Default `train_step`, per replica, inside `strategy.run` under `tf.function`::
+
+    inputs = input_pre(batch, lr)
+    outputs = model(inputs, training=True)
+    loss_input = loss_pre(outputs, batch, model, lr)
+    loss = loss_fn(loss_input)
+    loss_per_batch, extra_loss, trainable_vars = grad_pre(loss, outputs, batch, model, loss_fn, lr)
+    scaled = loss_per_batch / global_batch_size + extra_loss / num_replicas
+    process_metrics(metrics, labels, outputs)       # labels: gt of an (inputs, gt) batch
+    gradients = all_reduce_sum(d scaled / d trainable_vars)
+    update_gradients, display_gradients = update_pre(gradients, loss, outputs, batch, model,
+                                                     loss_fn, lr, optimizer)
+    optimizer.apply_gradients(zip(update_gradients, trainable_vars))   # applied once
+
+With gradient accumulation over K batches, the lines up to `process_metrics` run once per
+micro-batch (with `global_batch_size` and the extra-loss divisor both K times larger) and their
+gradients are summed before the single all-reduce, `update_pre` and update.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from orbitask.tasks import extra_losses, keras_compat
+from orbitask.tasks import gradients as gradients_lib
+from orbitask.tasks import replica_logs as replica_logs_lib
+from orbitask.tasks.errors import ConfigError
+
+
+def batch_size(tree: Any) -> tf.Tensor:
+    """The leading dimension of the first tensor in a nested structure. Traced or eager."""
+    return tf.shape(tf.nest.flatten(tree)[0])[0]
+
+
+def labels_of(batch: Any) -> Any:
+    """Returns a batch's labels: `gt` of an `(inputs, gt)` pair, else the batch itself (Model
+    Garden's rule in `base_task.Task.train_step`). Eager or traced."""
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        return batch[1]
+    return batch
+
+
+def _examples(batch: Any, full: int) -> Any:
+    """A replica's examples in `batch`: the Python int `full` when its leading dimension is
+    statically that, else a scalar tensor (a batch that may be partial). Traced."""
+    first = tf.nest.flatten(batch)[0]
+    static = getattr(first, "shape", None)
+    if static is not None and static.rank and static[0] == full:
+        return full
+    return tf.shape(first)[0]
+
+
+def _example_counts(parts: Any, per_part: int, context: Any) -> tuple[list, Any]:
+    """`(counts, count)`: each micro-batch's examples on this replica (`_examples`) and the
+    whole step's (None for full batches, else their sum over replicas). Traced."""
+    counts = [_examples(part, per_part) for part in parts]
+    if all(isinstance(c, int) for c in counts):
+        return counts, None  # full batches: the static global batch size
+    # a partial batch: the examples the step really has, on every replica
+    count = tf.add_n([tf.cast(c, tf.float32) for c in counts])
+    if context.num_replicas_in_sync > 1:
+        count = context.all_reduce(tf.distribute.ReduceOp.SUM, count)
+    return counts, count
+
+
+def _own_count(count: Any, micro_batches: int, context: Any) -> tuple[Any, Any]:
+    """`(this replica's count, the sum over replicas)` of a count that `grad_pre` returned."""
+    if micro_batches > 1:
+        raise ConfigError(
+            "grad_pre returned its own count, which gradient accumulation does not support: "
+            "return three values, or set orbitask.run_experiment.gradient_accumulation_steps = 1."
+        )
+    count = tf.stop_gradient(tf.cast(count, tf.float32))
+    if context.num_replicas_in_sync == 1:
+        return count, count
+    return count, context.all_reduce(tf.distribute.ReduceOp.SUM, count)
+
+
+def _scaled_loss(
+    loss_per_batch: Any,
+    extra_loss: Any,
+    count: Any,
+    part_count: Any,
+    global_batch_size: int,
+    once_share: float,
+) -> tf.Tensor:
+    """This replica's share of the step's loss, the value differentiated (before any loss
+    scale): see `DefaultSteps.compute_gradients`. Traced, inside the gradient tape."""
+    divisor = float(global_batch_size) if count is None else count
+    if part_count is None:
+        share = 1.0 / once_share
+    else:
+        share = tf.cast(part_count, tf.float32) / divisor
+    loss_per_batch = gradients_lib.batch_sum(loss_per_batch)  # per-example or summed
+    scaled = tf.cast(loss_per_batch, tf.float32) / divisor
+    for term, weight in extra_losses.step_share(extra_loss, once_share, share):
+        if not gradients_lib.is_python_zero(term):  # no op for no regularisation
+            scaled += tf.cast(term, tf.float32) * weight
+    return scaled
+
+
+def _update_logs(loss_key: str, scaled_sum: Any, display: list, finite: Any, replicas: int) -> dict:
+    """The logs of `compute_update`: the step's loss (one device's) under `loss_key`,
+    `grad_norm` of the display gradients and, where checked, `nonfinite_gradients`. Traced."""
+    logs = {
+        loss_key: scaled_sum * float(replicas) if replicas > 1 else scaled_sum,
+        "grad_norm": gradients_lib.global_norm(display),
+    }
+    if finite is not None:
+        logs["nonfinite_gradients"] = 1.0 - tf.cast(finite, tf.float32)
+    return logs
+
+
+class DefaultSteps:
+    """The default steps of a `Task`: per replica, inside `strategy.run`, under tf.function."""
+
+    # How the replicas' `train_step` logs combine into the step's logs, so that N replicas report
+    # what one device reports: "mean" when each replica's value is for its own batch (Model
+    # Garden steps, the default step), "sum" when each is already a share of the global batch's
+    # mean (TensorFlow's custom-training tutorial: `tf.nn.compute_average_loss`). None (the
+    # default): "mean" for the default step; for a task's own `train_step`, the logs computed
+    # from a Keras 3 loss object's result (which Keras divides by the replica count under
+    # tf.distribute) or from `tf.nn.compute_average_loss` are summed, the others averaged.
+    replica_logs = None
+
+    def train_step(
+        self,
+        batch: Any,
+        model: Any,
+        optimizer: Any,
+        metrics: list | None = None,
+        *,
+        loss_fn: Any,
+        lr: tf.Variable,
+        global_batch_size: int,
+    ) -> dict[str, tf.Tensor]:
+        """One optimizer update composed from the stages (see the module docstring).
+
+        Traced by tf.function, per replica, inside `strategy.run`.
+
+        Returns logs whose values the trainer averages over replicas: `loss` (the global batch's
+        mean loss plus regularisation, as one device would compute it) and `grad_norm` (global norm
+        of the display gradients).
+        """
+        update, trainable_vars, logs = self.compute_update(
+            batch,
+            model,
+            optimizer,
+            metrics,
+            loss_fn=loss_fn,
+            lr=lr,
+            global_batch_size=global_batch_size,
+        )
+        keras_compat.apply_gradients(optimizer, update, trainable_vars)
+        return logs
+
+    def compute_update(
+        self,
+        batch: Any,
+        model: Any,
+        optimizer: Any,
+        metrics: list | None = None,
+        *,
+        loss_fn: Any,
+        lr: tf.Variable,
+        global_batch_size: int,
+        micro_batches: int = 1,
+        loss_scale: Any = None,
+        check_finite: bool = False,
+    ) -> tuple[list, list, dict[str, tf.Tensor]]:
+        """The default train step up to, not including, `apply_gradients`. Traced by tf.function.
+
+        With `micro_batches` K > 1, `batch` is a tuple of K per-replica batches whose gradients
+        are summed before the all-reduce (gradient accumulation: one update per K batches, equal
+        to one batch K times larger); `global_batch_size` is then the examples of all K.
+
+        With `loss_scale` (mixed_float16), the loss is scaled up before differentiation and the
+        gradients scaled back. With `loss_scale` or `check_finite`, logs carry
+        `nonfinite_gradients` (1.0 when an entry is NaN or +-Inf), checked on the all-reduced
+        gradient before `update_pre`.
+
+        Returns `(update_gradients, trainable_vars, logs)`. The trainer's NaN guard calls this
+        with `check_finite=True` and applies the update only when every replica's loss and the
+        all-reduced gradient are finite.
+        """
+        context = tf.distribute.get_replica_context()
+        replicas = context.num_replicas_in_sync
+        parts = batch if micro_batches > 1 else (batch,)
+        per_part = global_batch_size // (replicas * micro_batches)
+        counts, count = _example_counts(parts, per_part, context)
+        total, scaled_sum = None, None
+        for part, part_count in zip(parts, counts, strict=True):  # unrolled: K is small
+            gradients, trainable_vars, aux = self.compute_gradients(
+                part,
+                model,
+                metrics,
+                loss_fn=loss_fn,
+                lr=lr,
+                global_batch_size=global_batch_size,
+                micro_batches=micro_batches,
+                loss_scale=loss_scale,
+                count=count,
+                part_count=part_count,
+            )
+            scaled = aux["scaled_loss"]
+            scaled_sum = scaled if scaled_sum is None else scaled_sum + scaled
+            total = gradients_lib.add(total, gradients)
+        gradients = gradients_lib.all_reduce_sum(total)
+        # A non-finite entry: the NaN guard skips the update; float16 overflow lowers the scale
+        check = loss_scale is not None or check_finite
+        finite = gradients_lib.all_finite(gradients) if check else None
+        update, display = self.update_pre(
+            gradients, aux["loss"], aux["outputs"], part, model, loss_fn, lr, optimizer
+        )
+        logs = _update_logs(self.loss, scaled_sum, display, finite, replicas)
+        return update, trainable_vars, logs
+
+    def compute_gradients(
+        self,
+        batch: Any,
+        model: Any,
+        metrics: list | None = None,
+        *,
+        loss_fn: Any,
+        lr: tf.Variable,
+        global_batch_size: int,
+        micro_batches: int = 1,
+        loss_scale: Any = None,
+        count: Any = None,
+        part_count: Any = None,
+    ) -> tuple[list, list, dict[str, Any]]:
+        """This replica's gradients of its share of the loss, before any all-reduce.
+
+        Traced by tf.function, per replica.
+
+        The differentiated value is `loss_per_batch / count` plus this replica's share of the
+        extra losses (`tasks.extra_losses.ExtraLoss`: batch-independent terms divided by
+        `num_replicas * micro_batches`, batch means weighted by `part_count / count`, batch sums
+        as they are; a plain `extra_loss` counts once), so summing over replicas and
+        micro-batches gives the gradient one device would compute on the whole global batch.
+        `count` is the examples of the whole step (all replicas and micro-batches; None: the
+        `global_batch_size` of full batches), `part_count` this batch's (None: a full one's).
+        A `grad_pre` that returns a fourth value, its own count, is normalised by the sum of
+        those over replicas instead.
+
+        Returns `(gradients, trainable_vars, aux)`, aux holding `loss`, `outputs` and
+        `scaled_loss`. Updates `metrics`.
+        """
+        context = tf.distribute.get_replica_context()
+        shares = context.num_replicas_in_sync * micro_batches
+        with tf.GradientTape() as tape:
+            inputs = self.input_pre(batch, lr)
+            outputs = model(inputs, training=True)
+            loss_input = self.loss_pre(outputs, batch, model, lr)
+            examples = global_batch_size // shares if part_count is None else part_count
+            loss = replica_logs_lib.replica_loss(loss_fn(loss_input), examples)
+            loss_per_batch, extra_loss, trainable_vars, *own = self.grad_pre(
+                loss, outputs, batch, model, loss_fn, lr
+            )
+            if own:  # the stage's own count (tokens, frames)
+                part_count, count = _own_count(own[0], micro_batches, context)
+            scaled = _scaled_loss(
+                loss_per_batch, extra_loss, count, part_count, global_batch_size, float(shares)
+            )
+            # mixed_float16: differentiate the scaled-up loss so float16 gradients don't underflow
+            target = scaled if loss_scale is None else scaled * loss_scale
+        gradients = tape.gradient(target, trainable_vars)
+        if loss_scale is not None:  # mixed_float16: scale the gradients back down
+            gradients = gradients_lib.unscale(gradients, loss_scale)
+        self.process_metrics(metrics, labels_of(batch), outputs)
+        return gradients, trainable_vars, {"loss": loss, "outputs": outputs, "scaled_loss": scaled}
+
+    def validation_step(
+        self, batch: Any, model: Any, metrics: list | None = None, *, loss_fn: Any, lr: Any
+    ) -> dict[str, tf.Tensor]:
+        """Forward pass and loss on one replica's batch; updates `metrics`. Traced by tf.function.
+
+        Returns `{"loss": sum over the batch, "num_examples": batch size}`; the default
+        `aggregate_logs` sums these over replicas and steps, `reduce_aggregated_logs` divides.
+        """
+        inputs = self.input_pre(batch, lr)
+        outputs = model(inputs, training=False)
+        loss = loss_fn(self.loss_pre(outputs, batch, model, lr))
+        loss = replica_logs_lib.replica_loss(loss, batch_size(inputs))  # a Keras 3 mean: a sum
+        self.process_metrics(metrics, labels_of(batch), outputs)
+        return {
+            self.loss: tf.cast(gradients_lib.batch_sum(loss), tf.float32),
+            "num_examples": tf.cast(batch_size(inputs), tf.float32),
+        }

@@ -1,0 +1,124 @@
+"""The training pipeline's prefetch bound: its final autotuned prefetch made a fixed one.
+
+An autotuned prefetch buffer doubles whenever the loop finds it empty, and every checkpoint
+would save it (the train iterator is saved explicitly, buffers included; tf.data's symbolic
+checkpointing, which leaves the prefetch buffer out, makes iterating the pipeline slower). A
+`prefetch(tf.data.AUTOTUNE)` that ends the training pipeline is replaced by a fixed prefetch
+(same elements, same order) of `run_experiment.train_prefetch` steps' elements, fewer where
+they would exceed `run_experiment.train_prefetch_bytes`, never fewer than one step's; one deeper
+in the pipeline cannot be, and is named in a warning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import tensorflow as tf
+from absl import logging
+
+from orbitask.trainers import compat
+
+
+@dataclasses.dataclass(frozen=True)
+class Prefetch:
+    """The bound: `steps` steps' elements (None: the autotuned buffer is kept), at most
+    `max_bytes` of them (None: no byte bound) but at least one step's. The defaults of
+    `run_experiment.train_prefetch` and `train_prefetch_bytes`."""
+
+    steps: int | None = 4
+    max_bytes: int | None = 64 * 2**20
+
+
+DEFAULT_PREFETCH = Prefetch()
+
+
+def bound_train_prefetch(
+    task: Any, dataset: tf.data.Dataset, per_replica: int, per_step: int, prefetch: Prefetch
+) -> tf.data.Dataset:
+    """`dataset`, the training pipeline whose steps take `per_step` elements of `per_replica`
+    examples, with its final autotuned prefetch bounded (module docstring); `dataset` itself
+    when `prefetch.steps` is None. Eager, once."""
+    if prefetch.steps is None:
+        return dataset
+    wanted = prefetch.steps * per_step
+    size = element_bytes(dataset.element_spec, per_replica)
+    depth = prefetch_depth(size, wanted, per_step, prefetch.max_bytes)
+    bounded = bound_prefetch(dataset, depth, type(task).__name__)
+    if bounded is not dataset and depth < wanted:
+        logging.info(
+            "orbitask: prefetching %d training elements of %.1f MiB, not %d "
+            "(run_experiment.train_prefetch_bytes).",
+            depth,
+            size / 2**20,
+            wanted,
+        )
+    return bounded
+
+
+def element_bytes(spec: Any, batch_size: int) -> int | None:
+    """Bytes of one element of a dataset with `element_spec` `spec`, or None when unknown.
+
+    A leading dimension of None counts as `batch_size`; any other unknown dimension, a string
+    or a composite (ragged, sparse) tensor makes it unknown.
+    """
+    total = 0
+    for part in tf.nest.flatten(spec):
+        if not isinstance(part, tf.TensorSpec) or part.dtype in (tf.string, tf.variant):
+            return None
+        if part.shape.rank is None:
+            return None
+        dims = part.shape.as_list()
+        if dims and dims[0] is None:
+            dims[0] = batch_size
+        if None in dims:
+            return None
+        total += math.prod(dims) * part.dtype.size
+    return total
+
+
+def prefetch_depth(size: int | None, elements: int, per_step: int, max_bytes: int | None) -> int:
+    """Elements of `size` bytes (None: unknown) to prefetch: `elements`, fewer if they would take
+    more than `max_bytes`, never fewer than `per_step` (one step's)."""
+    if max_bytes is None or size is None or elements * size <= max_bytes:
+        return elements
+    return max(per_step, max_bytes // max(size, 1))
+
+
+def bound_prefetch(dataset: tf.data.Dataset, batches: int, owner: str) -> tf.data.Dataset:
+    """`dataset` with its final `prefetch(tf.data.AUTOTUNE)` made `prefetch(batches)` (elements).
+
+    Eager, once.
+
+    Options set on top (`with_options`) are kept. Warns, naming `owner`'s `build_inputs`, about
+    autotuned prefetches that are not last (they stay; their buffers are checkpointed too).
+    """
+    top, options = compat.strip_options(dataset)
+    below = compat.autotuned_prefetch_input(top)
+    if below is not None:
+        dataset = below.prefetch(batches).with_options(options)
+    left = autotuned_prefetches(dataset)
+    if left:
+        logging.warning(
+            "%s.build_inputs(training=True) has %d prefetch(tf.data.AUTOTUNE) before its last "
+            "transformation; checkpoints save its buffer, which grows: prefetch a fixed number of "
+            "batches there.",
+            owner,
+            left,
+        )
+    return dataset
+
+
+def autotuned_prefetches(dataset: tf.data.Dataset) -> int:
+    """How many `prefetch(tf.data.AUTOTUNE)` the pipeline has (walks its Python datasets)."""
+    count, seen, todo = 0, set(), [dataset]
+    while todo:
+        node = todo.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if compat.autotuned_prefetch_input(node) is not None:
+            count += 1
+        todo.extend(compat.dataset_inputs(node))
+    return count

@@ -1,0 +1,259 @@
+"""Builders of a run's objects: each returns what it builds, whole, and sets nothing else.
+
+`runner.ExperimentRunner` calls them in its build order (inside the strategy's scope where a
+docstring says so). Objects built together come back as one small frozen record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from typing import Any
+
+import orbit
+import tensorflow as tf
+
+from orbitask.tasks import keras_compat
+from orbitask.trainers.actions import summaries
+from orbitask.trainers.distribution import cluster, strategies
+from orbitask.trainers.engine import eval_inputs, inputs
+from orbitask.trainers.engine.determinism import make_deterministic
+from orbitask.trainers.engine.prefetch import Prefetch
+from orbitask.trainers.engine.ps_trainer import ParameterServerTrainer
+from orbitask.trainers.engine.steps import TaskObjects, TrainStep
+from orbitask.trainers.engine.trainer import TaskTrainer
+from orbitask.trainers.errors import ConfigError
+from orbitask.trainers.features.learning_rate import LearningRate
+from orbitask.trainers.features.precision import DynamicLossScale, precision_policy
+from orbitask.trainers.run import preflight
+from orbitask.trainers.run.settings import (
+    Settings,
+    check_cpu_devices,
+    check_nan_guard_step,
+    check_replicas,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunObjects:
+    """The task's objects and the training state around them (`build_objects`).
+
+    Attributes:
+      model: the task's model (or dict of models).
+      loss_fn: the task's loss; None when no step of the run calls it.
+      global_step: the run's step variable.
+      lr_control: the learning rate's variable, schedule and factor.
+      optimizer: the task's optimizer (or dict of optimizers).
+      train_metrics: the training metrics; empty when the run does not train.
+      eval_metrics: the validation metrics; empty when the run does not evaluate.
+      nan_guard: the NaN guard of a training run, else None.
+      loss_scale: the dynamic loss scale of a mixed_float16 training run, else None.
+    """
+
+    model: Any
+    loss_fn: Any
+    global_step: tf.Variable
+    lr_control: LearningRate
+    optimizer: Any
+    train_metrics: list
+    eval_metrics: list
+    nan_guard: Any
+    loss_scale: DynamicLossScale | None
+
+    @property
+    def lr(self) -> tf.Variable:
+        """The learning-rate variable the steps read."""
+        return self.lr_control.lr
+
+
+@dataclasses.dataclass(frozen=True)
+class SummaryManagers:
+    """The run's summary managers: `train/` (kept scalars) and `eval/` (`build_summaries`)."""
+
+    train: summaries.LoopSummaryManager
+    eval: orbit.utils.SummaryManager
+
+
+def build_strategy(settings: Settings) -> tf.distribute.Strategy:
+    """The run's strategy. Seeds and logical CPU devices first (they must precede TensorFlow's
+    start). Eager; returns the strategy.
+
+    Raises:
+      ConfigError: when the replicas do not fit `cpu_devices`, the batch or `jit_compile`.
+    """
+    loop, distribution = settings.loop, settings.distribution
+    if loop.seed is not None:
+        make_deterministic(loop.seed)
+    name = distribution.strategy
+    if distribution.cpu_devices:
+        wanted = distribution.cpu_devices
+        check_cpu_devices(wanted, len(strategies.logical_cpus(wanted)))
+        if name == "auto" and not tf.config.list_logical_devices("GPU"):
+            name = "mirrored"  # the replicas cpu_devices asks for
+    strategy = strategies.build_strategy(name)
+    replicas = strategy.num_replicas_in_sync
+    check_replicas(replicas, loop.global_batch_size, loop.jit_compile)
+    return strategy
+
+
+def build_objects(task: Any, settings: Settings, training: bool, evaluating: bool) -> RunObjects:
+    """The task's model, loss, optimizer and metrics, the global step and the learning rate,
+    the NaN guard and the loss scale. Eager, in the strategy's scope."""
+    features, loop = settings.features, settings.loop
+    with precision_policy(features.mixed_precision), keras_compat.saved_layer_randomness():
+        model = task.build_model()
+    if task.keras_flavour is None:
+        task.keras_flavour = keras_compat.model_flavour(model) or keras_compat.KERAS3
+    needed = preflight.needs_losses(task, training, evaluating)
+    loss_fn = task.build_losses() if needed else None
+    global_step = orbit.utils.create_global_step()
+    lr_control = LearningRate.create(loop.learning_rate)
+    optimizer = task.build_optimizer(float(lr_control.lr.numpy()))
+    lr_control.reconcile(optimizer, loop.learning_rate)
+    keras_compat.check_matching(model, optimizer)
+    train_metrics = task.build_metrics(training=True) if training else []
+    eval_metrics = task.build_metrics(training=False) if evaluating else []
+    nan_guard = features.nan_guard if training else None
+    if nan_guard is not None:
+        check_nan_guard_step(task)
+        nan_guard.build()
+    float16 = features.mixed_precision == "mixed_float16" and training
+    return RunObjects(
+        model=model,
+        loss_fn=loss_fn,
+        global_step=global_step,
+        lr_control=lr_control,
+        optimizer=optimizer,
+        train_metrics=train_metrics,
+        eval_metrics=eval_metrics,
+        nan_guard=nan_guard,
+        loss_scale=DynamicLossScale() if float16 else None,
+    )
+
+
+def build_train_input(
+    task: Any, strategy: Any, objects: RunObjects, settings: Settings, model_dir: str
+) -> inputs.TrainInput:
+    """The train input and its position, checked against the model and loss. Eager, in the
+    strategy's scope."""
+    loop, keep = settings.loop, settings.checkpoints.keep_input_positions
+    batch = loop.global_batch_size
+    train_input = inputs.train_input(
+        task,
+        strategy,
+        batch,
+        loop.gradient_accumulation_steps,
+        objects.global_step,
+        model_dir,
+        keep,
+        loop.train_steps is None,  # by epochs
+        Prefetch(settings.checkpoints.train_prefetch, settings.checkpoints.train_prefetch_bytes),
+    )
+    checked = preflight.TrainObjects(
+        model=objects.model,
+        loss_fn=objects.loss_fn,
+        lr=objects.lr,
+        optimizer=objects.optimizer,
+        metrics=objects.train_metrics,
+        global_batch_size=batch,
+    )
+    return preflight.checked_train_input(task, strategy, train_input, checked)
+
+
+def steps_of_epochs(epochs: int, epoch_length: Any, strategy: Any) -> int:
+    """The step `epochs` epochs of the training input end at, the fewest of any worker's.
+    Eager; returns the step.
+
+    Raises:
+      ConfigError: when the epochs come to no step.
+    """
+    steps = cluster.smallest(strategy, epoch_length.steps_for(epochs))
+    if steps < 1:
+        raise ConfigError(
+            f"train_epochs={epochs} of {float(epoch_length.steps):.3g} steps each is no step; "
+            "raise orbitask.run_experiment.train_epochs or lower global_batch_size."
+        )
+    return steps
+
+
+def build_summaries(
+    model_dir: str,
+    global_step: tf.Variable,
+    steps_per_loop: int,
+    current_step: Callable[[], int],
+    *,
+    write_train: bool,
+    write_eval: bool,
+) -> SummaryManagers:
+    """The train and eval summary managers; one that does not write (`write_train` or
+    `write_eval` False) has no directory. Eager."""
+    return SummaryManagers(
+        train=summaries.LoopSummaryManager(
+            os.path.join(model_dir, "train") if write_train else None,
+            summaries.write,
+            global_step,
+            interval=10 * steps_per_loop,
+            current_step=current_step,
+        ),
+        eval=orbit.utils.SummaryManager(
+            os.path.join(model_dir, "eval") if write_eval else None, summaries.write, global_step
+        ),
+    )
+
+
+def build_eval_input(task: Any, strategy: Any, global_batch_size: int, eval_steps: int | None):
+    """The validation dataset, or a dict `{name: dataset}` of validation sets, each checked to
+    end (or to have `eval_steps`) and to have a batch. Eager."""
+    datasets = eval_inputs.eval_datasets(task, strategy, global_batch_size)
+    if not isinstance(datasets, dict):
+        preflight.check_finite_eval(task, datasets, eval_steps)
+        return datasets
+    for name, dataset in datasets.items():
+        try:
+            preflight.check_finite_eval(task, dataset, eval_steps)
+        except ConfigError as e:
+            raise ConfigError(f"validation set {name!r}: {e}") from None
+    return datasets
+
+
+def build_trainer(
+    task: Any,
+    strategy: Any,
+    objects: RunObjects,
+    settings: Settings,
+    *,
+    train_input: Any,
+    eval_dataset: Any,
+    record_history: bool,
+) -> TaskTrainer:
+    """The step and the trainer (a `ParameterServerTrainer` under parameter_server) over
+    `train_input` (None: no training) and `eval_dataset`; `record_history` keeps each loop's
+    logs for deferred callbacks. Eager."""
+    loop, features = settings.loop, settings.features
+    ps = cluster.is_parameter_server(strategy)
+    task_objects = TaskObjects(
+        task, strategy, objects.model, objects.optimizer, objects.loss_fn, objects.lr,
+        objects.global_step, loop.global_batch_size, objects.train_metrics,
+        objects.eval_metrics, objects.lr_control.follows,
+    )  # fmt: skip
+    step = TrainStep(
+        task_objects,
+        accumulation=loop.gradient_accumulation_steps,
+        schedule=objects.lr_control if objects.lr_control.schedule else None,
+        nan_guard=objects.nan_guard,
+        loss_scale=objects.loss_scale,
+        ema=features.ema,
+        jit_compile=loop.jit_compile,
+    )
+    trainer_cls = ParameterServerTrainer if ps else TaskTrainer
+    return trainer_cls(
+        objects=task_objects,
+        step=step,
+        train_iterator=train_input.iterator if train_input is not None else None,
+        eval_dataset=eval_dataset,
+        use_tf_while_loop=loop.use_tf_while_loop,
+        nan_guard=objects.nan_guard,
+        ema=features.ema,
+        record_history=record_history and not ps,
+    )

@@ -1,0 +1,122 @@
+"""Builds a run's checkpoint: the state it holds besides the task's objects, this worker's
+manager of it, and the saved checkpoints a run evaluates one by one."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import tensorflow as tf
+
+from orbitask.trainers.distribution import cluster
+from orbitask.trainers.engine import evaluation
+from orbitask.trainers.errors import ConfigError
+from orbitask.trainers.run.builders import RunObjects
+from orbitask.trainers.run.settings import Settings
+from orbitask.trainers.state import checkpoints, random_state
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpointing:
+    """The checkpoint of everything a resumed run needs and this worker's manager of it."""
+
+    checkpoint: tf.train.Checkpoint
+    manager: tf.train.CheckpointManager
+
+
+def checkpointed_state(
+    task: Any, objects: RunObjects, settings: Settings, mode: str, validation_control: Any
+) -> dict:
+    """The state a checkpoint holds besides the task's objects: the learning-rate factor, EMA,
+    loss scale, NaN guard, `validation_control` (None: none), the last evaluated step and the
+    random state. Eager, in the strategy's scope; returns `{name: trackable}`."""
+    state = {"learning_rate_factor": objects.lr_control.factor}
+    ema = settings.features.ema
+    if ema is not None:
+        state["ema"] = ema.build(objects.model)
+    if objects.loss_scale is not None:
+        state["loss_scale"] = objects.loss_scale.checkpoint()
+    if objects.nan_guard is not None:  # its counters and loss average resume too
+        state["nan_guard"] = objects.nan_guard.checkpoint()
+    if validation_control is not None:
+        state["validation_control"] = validation_control.build(task)
+    if mode == "train_and_eval":  # the Controller's record of the last evaluation
+        state["evaluated_step"] = tf.Variable(
+            -1,  # no record: a fresh run, or a checkpoint written without evaluations
+            dtype=tf.int64,
+            trainable=False,
+            name="evaluated_step",
+            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+        )
+    roots = {"task": task, "model": objects.model, "loss": objects.loss_fn}
+    if (randomness := random_state.checkpointable(roots)) is not None:
+        state["random_state"] = randomness
+    return state
+
+
+def build_checkpointing(
+    task: Any,
+    model_dir: str,
+    objects: RunObjects,
+    *,
+    train_input: Any,
+    stateful_callbacks: dict,
+    extra_state: dict,
+    asynchronous: bool,
+    max_to_keep: int | None,
+    strategy: Any,
+) -> Checkpointing:
+    """The checkpoint of the task's objects, `train_input`'s position, the callbacks' state and
+    `extra_state`, and this worker's manager of it. Eager, in the strategy's scope."""
+    checkpoint, manager = checkpoints.build(
+        task=task,
+        model_dir=model_dir,
+        global_step=objects.global_step,
+        lr=objects.lr,
+        optimizer=objects.optimizer,
+        model=objects.model,
+        loss_fn=objects.loss_fn,
+        train_input=train_input,
+        stateful_callbacks=stateful_callbacks,
+        extra_state=extra_state,
+        asynchronous=asynchronous,
+        max_to_keep=max_to_keep,
+    )
+    return Checkpointing(checkpoint, cluster.for_this_worker(manager, strategy))
+
+
+def check_eval_checkpoint(eval_checkpoint: str | None, mode: str) -> None:
+    """Refuses an `eval_checkpoint` outside mode "eval", or one that does not read. Eager.
+
+    Raises:
+      ConfigError: naming the checkpoint and the mode.
+    """
+    if eval_checkpoint is None:
+        return
+    if mode != "eval":
+        raise ConfigError(
+            f"`eval_checkpoint` ({eval_checkpoint!r}) is for --mode=eval; received mode "
+            f"{mode!r}. Drop --checkpoint (orbitask.run_experiment.eval_checkpoint) or "
+            "use --mode=eval."
+        )
+    evaluation.check_checkpoint(eval_checkpoint)
+
+
+def checkpoints_to_evaluate(
+    mode: str, eval_checkpoint: str | None, manager: Any, model_dir: str
+) -> list[str]:
+    """The saved checkpoints a run evaluates one by one: `eval_checkpoint`, or with mode
+    "eval_all" every one in `manager`'s directory; else none. Eager.
+
+    Raises:
+      ConfigError: for mode "eval" without any checkpoint to evaluate.
+    """
+    saved = [eval_checkpoint] if eval_checkpoint else []
+    if mode == "eval_all":
+        saved = evaluation.saved_checkpoints(manager)
+    if mode == "eval" and not saved and manager.latest_checkpoint is None:
+        raise ConfigError(
+            f"--mode=eval evaluates the latest checkpoint, and {model_dir!r} has none; "
+            "pass the --model_dir you trained into (continuous_eval waits for checkpoints)."
+        )
+    return saved

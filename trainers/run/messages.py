@@ -1,0 +1,46 @@
+"""The lines a run prints on stdout, each prefixed `orbitask:`: what it runs on, how many steps
+it trains, its evaluations, its early stop and where its results are."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orbitask.trainers.distribution import cluster
+from orbitask.trainers.run import numeric_defaults
+
+
+def say(text: str) -> None:
+    """Prints `orbitask: <text>` and flushes stdout. Eager; returns None."""
+    print(f"orbitask: {text}", flush=True)
+
+
+def run_start(strategy: Any, task: Any, nan_guard: Any, training: bool) -> None:
+    """Says the strategy, and for a training run the numeric defaults' notice if any.
+    Eager; returns None."""
+    say(cluster.describe(strategy))
+    notice = numeric_defaults.line(task, nan_guard)
+    if notice and training:
+        print(notice, flush=True)
+
+
+def epochs(epochs: int, steps_per_epoch: float, steps: int) -> None:
+    """Says the train steps `epochs` epochs of `steps_per_epoch` steps come to. Eager."""
+    say(f"{epochs} epoch(s) = {steps} train steps ({float(steps_per_epoch):.4g} steps per epoch)")
+
+
+def eval_line(step: int, logs: dict) -> str | None:
+    """The report line of an evaluation at `step` (its scalar logs), or None without any."""
+    scalars = {k: v for k, v in logs.items() if isinstance(v, (int, float))}
+    if not scalars:
+        return None
+    text = ", ".join(f"{k} {v:.4g}" for k, v in sorted(scalars.items()))
+    return f"eval at step {step}: {text}"
+
+
+def run_end(step: int, eval_logs: dict, model_dir: str, each_checkpoint: bool) -> None:
+    """Says the last evaluation's line (unless `each_checkpoint` said one per checkpoint
+    evaluated) and where the checkpoints and summaries are. Eager; returns None."""
+    line = eval_line(step, eval_logs)
+    if line and not each_checkpoint:
+        say(line)
+    say(f"checkpoints in {model_dir}; TensorBoard: --logdir {model_dir}")

@@ -1,0 +1,116 @@
+"""The Orbit train and eval actions of a run, in their order: the Task's callbacks, the optional
+progress display and profiler, the NaN guard and SIGTERM's watcher."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+
+from orbitask.trainers.actions import summaries
+from orbitask.trainers.actions.callback_action import CallbackAction
+from orbitask.trainers.actions.preemption import PreemptionWatcher
+from orbitask.trainers.actions.profiling import Profiler
+from orbitask.trainers.actions.progress import ProgressAction
+from orbitask.trainers.actions.triggers import Trigger
+from orbitask.trainers.distribution import cluster
+from orbitask.trainers.features.learning_rate import LearningRate
+from orbitask.trainers.run.settings import LoopSettings
+
+
+def build_progress(
+    loop: LoopSettings,
+    global_step: tf.Variable,
+    train_steps: int | None,
+    current_step: Callable[[], int],
+    chief: bool,
+) -> ProgressAction | None:
+    """The progress display to `train_steps` on the `chief`, or None (elsewhere, or with
+    `loop.progress` off). Eager."""
+    if not (loop.progress and chief):
+        return None
+    return ProgressAction(
+        global_step, train_steps, current_step=current_step, epochs=loop.train_epochs
+    )
+
+
+def build_profiler(
+    steps: Any, model_dir: str, current_step: Callable[[], int], trainer: Any, trace: bool
+) -> Profiler | None:
+    """The profiler of `steps` (`profile_steps`; None: no profiler) writing under
+    `model_dir/train`, tracing if `trace` (the chief). Eager.
+
+    Every worker has one, so that every worker's device loops end at the same steps.
+    """
+    if steps is None:
+        return None
+    return Profiler(steps, os.path.join(model_dir, "train"), current_step, trainer, trace)
+
+
+def train_actions(
+    *,
+    callbacks: CallbackAction,
+    keep_logs: Callable[[dict], None],
+    lr_control: LearningRate,
+    progress: ProgressAction | None,
+    profiler: Profiler | None,
+    nan_guard: Callable[[dict], None] | None,
+    preemption: PreemptionWatcher,
+) -> list:
+    """The Orbit train actions, in order: `callbacks` (and a schedule's rate they assigned),
+    `keep_logs`, progress, profiler, the NaN guard's action, SIGTERM's `preemption`."""
+    actions = [callbacks, keep_logs]
+    if lr_control.schedule is not None:  # a callback's `ctx.lr.assign` lasts
+        actions.insert(1, lr_control.keep_assigned)
+    actions.extend(action for action in (progress, profiler) if action is not None)
+    if nan_guard is not None:
+        # Last but one, before the Controller's save: a rollback must precede any checkpoint.
+        actions.append(nan_guard)
+    actions.append(preemption)  # last: saves the state every other action left
+    return actions
+
+
+def eval_actions(
+    *,
+    keep_logs: Callable[[dict], None],
+    validation: Callable[[dict], None] | None,
+    preemption: PreemptionWatcher,
+) -> list:
+    """The Orbit eval actions, in order: `keep_logs`, the validation control's action (None:
+    none), SIGTERM's `preemption`."""
+    actions = [keep_logs]
+    if validation is not None:
+        actions.append(validation)
+    actions.append(preemption)  # last: after the evaluation's record and best export
+    return actions
+
+
+def build_callbacks(
+    task: Any,
+    strategy: Any,
+    global_step: tf.Variable,
+    summary_writer: Any,
+    histogram_interval: int | None,
+    *,
+    context: Callable[[int, dict], Any],
+    history: Callable[[], tuple[int, dict]],
+    current_step: Callable[[], int],
+) -> CallbackAction:
+    """The Task's callbacks, and weight histograms every `histogram_interval` steps (None:
+    none), as one Orbit action writing to `summary_writer`; `context` makes a callback's
+    context, `history` gives the last loop's per-step logs. Eager."""
+    interval = histogram_interval
+    triggered = [(Trigger(every_steps=interval), [summaries.histograms])] if interval else []
+    # Under parameter_server, deferred callbacks end loops like the others (no history).
+    ps = cluster.is_parameter_server(strategy)
+    return CallbackAction(
+        task,
+        global_step,
+        context,
+        summary_writer,
+        history=None if ps else history,
+        current_step=current_step,
+        triggered=triggered,
+    )

@@ -1,0 +1,255 @@
+"""Running the mode of a built run and finishing it: the final evaluation, the export at the end,
+the results line, and a save when SIGTERM or a full disk ends the run.
+
+`ModeRunning` is the running half of `runner.ExperimentRunner`: its methods read the objects
+`ExperimentRunner.build` assigned (`objects`, `checkpointing`, `summaries`, `controller`, ...),
+and the built actions call back into it (`_step_now`, `_callback_context`, `_keep_train_logs`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+from absl import logging
+
+from orbitask.tasks import CallbackContext
+from orbitask.tasks.errors import one_line
+from orbitask.trainers.engine import evaluation, step_errors
+from orbitask.trainers.errors import EarlyStop
+from orbitask.trainers.run import messages
+from orbitask.trainers.run.controller import Controller
+from orbitask.trainers.run.settings import EvalSettings, Settings
+from orbitask.trainers.state import checkpoint_restore, full_disk, saved_model
+
+
+class ModeRunning:
+    """Runs one mode of a run `build` has built, then finishes it. Eager.
+
+    A mixin of `runner.ExperimentRunner`, which sets every attribute these methods read.
+    """
+
+    def _run(self) -> dict:
+        objects, manager = self.objects, self.checkpointing.manager
+        warm_start = self.settings.checkpoints.warm_start
+        if manager.latest_checkpoint is None:  # fresh run only: a resumed run keeps its own
+            self.task.initialize(objects.model)
+            if warm_start is not None:
+                warm_start.apply(objects.model)
+        attached = self.progress.attached() if self.progress else contextlib.nullcontext()
+        failed = False
+        with attached:
+            try:
+                result = self._run_mode()
+            except EarlyStop as stop:
+                step = int(objects.global_step.numpy())
+                manager.save(checkpoint_number=step, check_interval=False)
+                messages.say(str(stop))
+                self.results["early_stop"] = str(stop)
+                self._export_at_end()
+                return self.results
+            except BaseException as e:  # SIGTERM (exit 75) and errors: the async write ends first
+                failed = True
+                if full_disk.is_unhandled(e):  # e.g. summaries: the steps taken are saved first
+                    raise self._save_for_full_disk(e) from None
+                manager.sync_after_error()
+                raise
+            finally:  # also on SIGTERM (exit 75) and errors: the kept train scalars
+                if self.profiler:
+                    self.profiler.close()
+                self._write_train_summaries(failed)
+            manager.sync()  # raises NoSpaceError if the last async write found a full disk
+            return result
+
+    def _save_for_full_disk(self, error: BaseException) -> Exception:
+        """Saves a checkpoint of the current step after `error`, a full disk outside a
+        checkpoint save (unless the newest checkpoint is of that step); returns the run's
+        one-line error.
+
+        A checkpoint save is collective under `multi_worker_mirrored`: there the run stops
+        without one (the other workers may be in a step).
+
+        Raises:
+          NoSpaceError: when the checkpoint's device is full too (its half-written files
+            removed, the previous checkpoint intact).
+        """
+        manager = self.checkpointing.manager
+        multi_worker = isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy)
+        if not self.training or multi_worker:
+            manager.sync_after_error()
+            kept = f"the checkpoints are as they were (newest: {manager.latest_checkpoint})"
+            return full_disk.no_space_error(error, self.model_dir, kept)
+        step = int(self.objects.global_step.numpy())
+        saved = manager.latest_checkpoint
+        if not (saved and saved.endswith(f"-{step}")):
+            saved = manager.save(checkpoint_number=step, check_interval=False)
+        manager.sync()
+        kept = f"the steps taken are saved in checkpoint {saved}"
+        return full_disk.no_space_error(error, self.model_dir, kept)
+
+    def _write_train_summaries(self, failed: bool) -> None:
+        """Writes the kept train scalars; after an error (`failed`), a failure to write them
+        is logged rather than raised over that error (quietly for a full disk, which the
+        run's error names).
+
+        Raises:
+          NoSpaceError: when the device is full (`_save_for_full_disk`), unless `failed`.
+        """
+        try:
+            self.summaries.train.write_pending()
+            self.summaries.train.flush()
+        except (tf.errors.OpError, OSError) as e:
+            if not failed:
+                if full_disk.is_unhandled(e):
+                    raise self._save_for_full_disk(e) from None
+                raise
+            log = logging.info if full_disk.is_no_space(e) else logging.error
+            log("the train summaries could not be written: %s", one_line(e, 300))
+
+    def _save_for_preemption(self) -> str:
+        """Saves the training state at the current step for SIGTERM's exit 75, unless the
+        newest checkpoint holds it. Eager; returns the checkpoint's path."""
+        return self.controller.save_now()
+
+    def _step_now(self) -> int:
+        """The global step after the last device loop (no read of the variable once a loop ran)."""
+        if self.trainer is None:
+            return int(self.objects.global_step.numpy())
+        return self.trainer.step_now()
+
+    def _loop_history(self) -> tuple[int, dict]:
+        return self.trainer.loop_history
+
+    def _callback_context(self, step: int, logs: dict) -> CallbackContext:
+        objects, state = self.objects, self.checkpointing
+        return CallbackContext(
+            step=step,
+            logs=dict(logs),
+            lr=objects.lr,
+            optimizer=objects.optimizer,
+            model=objects.model,
+            loss_fn=objects.loss_fn,
+            checkpoint=state.checkpoint,
+            manager=state.manager,
+            strategy=self.strategy,
+            summary_writer=self.summaries.train.summary_writer(),
+            scalars=self.summaries.train.scalars,
+        )
+
+    def _steps_per_loop(self, step: int) -> int:
+        """A device loop's length from `step`: the grown length, cut where a callback is due
+        (the Controller also ends loops at checkpoint steps)."""
+        return self.loop_length.steps_from(step, (self.callbacks, *filter(None, [self.profiler])))
+
+    def _keep_train_logs(self, output: dict) -> None:
+        self.results["train"] = dict(output)
+
+    def _keep_eval_logs(self, output: dict) -> None:
+        sets = self.eval_dataset if isinstance(self.eval_dataset, dict) else ()
+        self.results["eval"] = evaluation.flat_set_logs(output, sets)  # "<set>/<key>"
+
+    def _run_mode(self) -> dict:
+        eval_settings, global_step = self.settings.evaluation, self.objects.global_step
+        control = eval_settings.validation_control
+        if self.progress:
+            self.progress.start()
+        if self.profiler:
+            self.profiler.start_if_due(self._step_now())
+        if self.training and control is not None and control.stopped():
+            raise EarlyStop(f"already stopped early at step {int(global_step.numpy())}")
+        manager = self.checkpointing.manager
+        with step_errors.named_by_step(global_step, manager, self.train_steps):
+            if self.evaluates_saved:
+                self._evaluate_saved(eval_settings.eval_steps or -1)
+            else:
+                run_controller(
+                    self.controller,
+                    self.mode,
+                    self.train_steps,
+                    eval_settings,
+                    global_step,
+                    waiting=self.preemption.waiting,  # SIGTERM ends a wait at once
+                )
+        self._export_at_end()
+        self._finish()
+        return self.results
+
+    def _evaluate_saved(self, eval_steps: int) -> None:
+        """Evaluates each of `self.saved` in order at its own step: restored, evaluated, its
+        summaries written under `eval/` at that step, one line printed (eval_all). Eager."""
+        for path in self.saved:
+            with self.strategy.scope():
+                checkpoint_restore.restore(self.checkpointing.checkpoint, path)
+            step = int(self.objects.global_step.numpy())
+            self.controller.evaluate(eval_steps)
+            self.summaries.eval.flush()
+            logs = dict(self.results["eval"])
+            self.results["evaluated"].append({"checkpoint": path, "step": step, "eval": logs})
+            if self.mode == "eval_all":
+                messages.say(f"{os.path.basename(path)}: {messages.eval_line(step, logs)}")
+
+    def _export_at_end(self) -> None:
+        """With `export_at_end`, the trained model (EMA averages if set) as a SavedModel."""
+        if not (self.settings.features.export_at_end and self.training):
+            return
+        manager = self.checkpointing.manager
+        root = getattr(manager, "temp_directory", self.model_dir)  # a non-chief: its own
+        path = export_model(
+            self.task, self.objects.model, self.settings, self.strategy, root, self._step_now()
+        )
+        if self.chief:
+            self.results["export"] = path
+            messages.say(f"SavedModel in {path}")
+
+    def _finish(self) -> None:
+        self.summaries.train.write_pending()
+        self.summaries.train.flush()
+        self.summaries.eval.flush()
+        step = int(self.objects.global_step.numpy())
+        # eval_all said one line per checkpoint.
+        messages.run_end(step, self.results["eval"], self.model_dir, self.mode == "eval_all")
+
+
+def run_controller(
+    controller: Controller,
+    mode: str,
+    train_steps: int | None,
+    evaluation: EvalSettings,
+    global_step: tf.Variable,
+    waiting: Callable,
+) -> None:
+    """Runs `mode` ("train", "train_and_eval", "eval" of the newest checkpoint, or
+    "continuous_eval") on `controller`; `waiting` is the wait of continuous evaluation, which
+    SIGTERM ends at once. Eager; returns None."""
+    eval_steps = evaluation.eval_steps or -1
+    if mode == "train":
+        controller.train(train_steps)
+    elif mode == "train_and_eval":
+        controller.train_and_evaluate(
+            train_steps, eval_steps, evaluation.eval_interval, evaluation.eval_seconds
+        )
+    elif mode == "eval":
+        controller.evaluate(eval_steps)
+    else:
+        # Poll for new checkpoints; stop once the one at train_steps has been evaluated.
+        controller.evaluate_continuously(
+            eval_steps,
+            timeout=evaluation.continuous_eval_timeout or 30,
+            # By epochs (train_steps None) the last step is unknown here: it polls on.
+            timeout_fn=lambda: train_steps is not None and int(global_step.numpy()) >= train_steps,
+            waiting=waiting,
+        )
+
+
+def export_model(
+    task: Any, model: Any, settings: Settings, strategy: Any, root: str, step: int
+) -> str:
+    """Writes the trained `model` (its EMA averages if set) as a SavedModel under
+    `root/export` at `step`. Eager; returns its folder."""
+    ema = settings.features.ema
+    batch = settings.loop.global_batch_size // strategy.num_replicas_in_sync
+    with ema.averaged() if ema else contextlib.nullcontext():
+        return saved_model.write(task, model, os.path.join(root, "export"), step, batch)
