@@ -9,7 +9,14 @@ import pytest
 import tensorflow as tf
 
 from orbitask.tasks import setting_rules
-from orbitask.trainers import ConfigError, NanGuard, ValidationControl, run_experiment
+from orbitask.trainers import (
+    ConfigError,
+    ExponentialMovingAverage,
+    NanGuard,
+    ValidationControl,
+    learning_rate_schedule,
+    run_experiment,
+)
 from tests.helpers import TinyTask
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -111,7 +118,10 @@ BAD_VALUES = {
     "a positive integer or None": ["8", -1, 1.0],
     "a positive finite number": ["1e-3", 0.0, float("inf")],
     "a positive finite number or None": ["60", 0, -1.5, float("nan")],
+    "a non-negative integer": ["7", -1, 0.5, None],
     "a non-negative integer or None": ["7", -1, 0.5],
+    "a non-negative finite number": ["0.1", -0.5, float("inf"), None],
+    "a number in (0, 1)": ["0.9", 0.0, 1.0, float("nan")],
     "True or False": ["yes", 1, None],
     setting_rules.LEARNING_RATE.expected: ["fast", -1.0, 0, float("nan"), True],
 }
@@ -132,6 +142,10 @@ def test_each_setting_of_the_wrong_type_or_range_is_one_line(tmp_path, binding, 
             NanGuard(**{name: value})
         elif owner == "ValidationControl":
             ValidationControl(**{name: value})
+        elif owner == "learning_rate_schedule":
+            learning_rate_schedule(**{name: value})
+        elif owner == "ExponentialMovingAverage":
+            ExponentialMovingAverage(**{name: value})
         else:
             _run(TinyTask(), tmp_path / "run", **{name: value})
     assert str(info.value).splitlines()[0] == (

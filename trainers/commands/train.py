@@ -48,6 +48,17 @@ def config_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def _resolved(path: str, root: str) -> str:
+    """`path` of a --gin_file: relative to the working directory, else to the repository."""
+    from orbitask.trainers.errors import ConfigError
+
+    if os.path.isfile(path):
+        return path
+    if not os.path.isfile(os.path.join(root, path)):
+        raise ConfigError(f"--gin_file {path!r} does not exist.")
+    return os.path.join(root, path)
+
+
 def parse_gin(gin_files: list[str], gin_params: list[str], untrusted: str | None = None) -> None:
     """Parses gin files and bindings with `config_root()` on gin's search path.
 
@@ -73,14 +84,7 @@ def parse_gin(gin_files: list[str], gin_params: list[str], untrusted: str | None
 
     root = config_root()
     compat.gin_search_first([os.getcwd(), root])
-    resolved = []
-    for path in gin_files:  # relative to the working directory, else to the repository
-        if not os.path.isfile(path):
-            if not os.path.isfile(os.path.join(root, path)):
-                raise ConfigError(f"--gin_file {path!r} does not exist.")
-            path = os.path.join(root, path)
-        resolved.append(path)
-    gin_files = resolved
+    gin_files = [_resolved(path, root) for path in gin_files]
     # A gin `import my_task` finds my_task.py in the working directory or next to the .gin file.
     for folder in (os.getcwd(), *(os.path.dirname(os.path.abspath(p)) for p in gin_files)):
         if untrusted is not None and _inside(folder, untrusted):
