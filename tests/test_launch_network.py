@@ -76,7 +76,7 @@ def test_allow_open_ports_is_a_launcher_flag(capsys):
 
 NOT_ROOT = """
 import ctypes, os, socket
-from orbitask.trainers.commands import launch  # imported first: this Python's files may be root's only
+from orbitask.trainers.commands import launch  # first: this Python's files may be root's only
 os.setgroups([])
 os.setgid(65534)
 os.setuid(65534)

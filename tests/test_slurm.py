@@ -43,7 +43,10 @@ def _slurm_env(rank: int, port: int, tmp) -> dict:
 
 
 def test_the_cluster_comes_from_slurms_environment():
-    code = "import json; from orbitask.trainers.distribution import slurm; print(json.dumps(slurm.tf_config()))"
+    code = (
+        "import json; from orbitask.trainers.distribution import slurm; "
+        "print(json.dumps(slurm.tf_config()))"
+    )
     env = _slurm_env(1, 9000, os.environ.get("TMPDIR", "/tmp"))
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True
