@@ -5,7 +5,7 @@
 One process, one shared iterator (as `benchmarks/overhead.py`). Each round runs `--long` steps
 four ways, in a shuffled order: the hand-written loop (`contenders.reference_loop`) called for
 100 steps at a time and once for all of them, and a default orbitask run's Controller loop
-(`Controller._train_n_steps` plus its checkpoint check: callbacks, progress, summaries) for
+(`Controller._train_n_steps` with its schedule: callbacks, progress, summaries, checkpoint) for
 100-step loops (`loop_seconds = None`) and for one loop of all of them (what `loop_seconds`
 grows quick loops to; the harness's windows cut them at its window length). Prints each way's
 steps/s and its ratio to the reference's 100-step calls (median over rounds, 95% bootstrap
@@ -66,8 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         def orbitask(length):
             def run():
                 for _ in range(total // length):
-                    controller._train_n_steps(length, step[0])  # noqa: SLF001
-                    controller._maybe_save_checkpoint()  # noqa: SLF001
+                    controller._train_n_steps(length, step[0])  # noqa: SLF001 (with its schedule)
                     step[0] += length
 
             return run

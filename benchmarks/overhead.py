@@ -154,8 +154,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def controller_loop(controller):  # the body of Controller.train's loop
             def run(step):
-                controller._train_n_steps(k, step)  # noqa: SLF001
-                controller._maybe_save_checkpoint()  # noqa: SLF001
+                controller._train_n_steps(k, step)  # noqa: SLF001 (with its schedule)
 
             return counted(controller, run)
 

@@ -35,6 +35,7 @@ per-replica values of every log from device loops, folded in by its `aggregate_l
 
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
 from collections.abc import Mapping
@@ -324,15 +325,12 @@ class ModelGardenTaskWithLogs(ModelGardenTask):
         return logs
 
 
-_WITH_LOGS: dict[type, type] = {}
-
-
+@functools.cache
 def _with_logs(cls: type) -> type:
     """`cls` (`ModelGardenTask` or a user's subclass) with `ModelGardenTaskWithLogs`'s log
-    reduction behind the subclass's own methods: a class of the same name, made once per `cls`."""
+    reduction behind the subclass's own methods: a class of the same name, made once per `cls`
+    (the same class each call, so checkpoints and `isinstance` see one class)."""
     if cls is ModelGardenTask or issubclass(cls, ModelGardenTaskWithLogs):
         return ModelGardenTaskWithLogs if cls is ModelGardenTask else cls
-    if cls not in _WITH_LOGS:
-        names = {k: getattr(cls, k) for k in ("__module__", "__qualname__", "__doc__")}
-        _WITH_LOGS[cls] = type(cls.__name__, (cls, ModelGardenTaskWithLogs), names)
-    return _WITH_LOGS[cls]
+    names = {k: getattr(cls, k) for k in ("__module__", "__qualname__", "__doc__")}
+    return type(cls.__name__, (cls, ModelGardenTaskWithLogs), names)

@@ -15,7 +15,8 @@ import pytest
 import tensorflow as tf
 
 from orbitask import run_experiment
-from orbitask.trainers.run.controller import Controller, eval_points, last_eval_point
+from orbitask.trainers.actions.evaluation_points import eval_points, last_eval_point
+from orbitask.trainers.run.controller import Controller
 from tests import faults
 from tests.helpers import TinyTask
 

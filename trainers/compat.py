@@ -5,7 +5,7 @@ version of a library changes it. Keras's private API is reached in `tasks/keras_
 tasks layer does not import this one). The other places that reach private API, and why:
 
 - `trainers/run/controller.py`: `Controller` subclasses `orbit.Controller` and overrides its
-  `_train_n_steps` (one device loop without Orbit's step reads and log line) and
+  `_train_n_steps` (one device loop and its schedule, without Orbit's step reads and log line) and
   `_maybe_save_checkpoint` (the step-multiple and time rules; Orbit's public `save_checkpoint`
   calls it), and calls Orbit's `_require` and `_sync_on_async_checkpointing` as Orbit's own
   `train` does. Overrides must keep Orbit's names to be called by Orbit's code.

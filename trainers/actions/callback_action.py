@@ -1,7 +1,8 @@
-"""Runs a Task's `every_steps` / `at_step` callbacks as an Orbit train action, at exact steps.
+"""Runs a Task's `every_steps` / `at_step` callbacks after device loops, at exact steps.
 
-The Controller calls the action after every device loop; `steps_until_due` is folded into Orbit's
-`steps_per_loop` callable so that a loop always ends exactly where a callback is due. Callbacks
+The `callbacks` entry of the Controller's schedule (`actions.schedule`): the Controller calls the
+action after every device loop, and its `steps_until_due` ends each loop exactly where a callback
+is due. Callbacks
 marked `tasks.deferred` (the default `print_loss`) do not end loops: the trainer records each
 step's scalar logs (`TaskTrainer.loop_history`) and they run after the loop, once per due step
 (`Trigger.due_steps`). Every "when" here is a `triggers.Trigger`.
@@ -20,7 +21,7 @@ from orbitask.trainers.actions.triggers import Trigger
 
 
 class CallbackAction:
-    """An Orbit action calling the task's host callbacks after the steps they are due at.
+    """The `callbacks` entry's action: calls the task's host callbacks after their due steps.
 
     When each callback is due is a `triggers.Trigger`: one per `every_steps` period, the runner's
     own `triggered` pairs, and the `at_step` table's steps.

@@ -21,7 +21,7 @@ from orbitask.tasks.setting_rules import POSITIVE_INT, require
 from orbitask.trainers.errors import ConfigError
 
 
-class Schedule(Protocol):
+class DuePoints(Protocol):
     """Anything that says how many steps remain until it is next due (a `Trigger`, say)."""
 
     def steps_until_due(self, step: int) -> int | None:
@@ -192,7 +192,7 @@ class Trigger:
         return steps
 
 
-def steps_until_any(schedules: Iterable[Schedule], step: int) -> int | None:
+def steps_until_any(schedules: Iterable[DuePoints], step: int) -> int | None:
     """Steps from `step` to the nearest step-based due point of any of `schedules`.
 
     Eager host Python. `schedules` are `Trigger`s or anything with the same `steps_until_due`

@@ -8,6 +8,7 @@ Any other exception, from the user's own code included, keeps its traceback.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 EXIT_USAGE = 2  # a user mistake, found before any work
 EXIT_NONFINITE = 3  # the loss or gradient stayed non-finite after the NanGuard's rollbacks
@@ -64,3 +65,26 @@ def exit_status(error: Exception) -> int | None:
     ):
         return fail(f"bad gin config: {one_line(error) or type(error).__name__}")
     return None
+
+
+def run_reported(work: Callable[[], object]) -> int:
+    """Runs `work()`, then clears gin's configuration whatever happened. Eager.
+
+    Returns:
+      0, or `exit_status` of the mistake `work` raised (reported in one line).
+
+    Raises:
+      Any other exception of `work`, with its traceback.
+    """
+    import gin
+
+    try:
+        work()
+    except Exception as e:
+        status = exit_status(e)
+        if status is None:
+            raise
+        return status
+    finally:
+        gin.clear_config()
+    return 0

@@ -22,7 +22,7 @@ from typing import Any
 
 from absl import flags
 
-from orbitask.trainers.commands.exits import exit_status, fail
+from orbitask.trainers.commands.exits import fail, run_reported
 
 FLAGS = flags.FlagValues()
 flags.DEFINE_string(
@@ -201,23 +201,14 @@ def main(argv: list[str]) -> int:
     if not FLAGS.model_dir:
         return fail("--model_dir is required: the directory of the run to export.")
 
-    import gin
-
     from orbitask.trainers.commands import train
 
-    try:
+    def export_checkpoint() -> None:
         path = checkpoint_to_export(FLAGS.model_dir, FLAGS.best)
         files = gin_files(FLAGS.model_dir, FLAGS.gin_file)
         train.parse_gin(files, FLAGS.gin_params, untrusted=FLAGS.model_dir)
-        task = train.build_task()
-        written = export(task, FLAGS.model_dir, path, ema=FLAGS.ema)
-    except Exception as e:
-        status = exit_status(e)
-        if status is None:
-            raise
-        return status
-    finally:
-        gin.clear_config()
-    weights = "the EMA averages of " if FLAGS.ema else ""
-    print(f"orbitask: exported {weights}{os.path.basename(path)} to {written}")
-    return 0
+        written = export(train.build_task(), FLAGS.model_dir, path, ema=FLAGS.ema)
+        weights = "the EMA averages of " if FLAGS.ema else ""
+        print(f"orbitask: exported {weights}{os.path.basename(path)} to {written}")
+
+    return run_reported(export_checkpoint)

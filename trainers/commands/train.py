@@ -18,7 +18,7 @@ import tokenize
 
 from absl import flags
 
-from orbitask.trainers.commands.exits import exit_status, fail
+from orbitask.trainers.commands.exits import fail, run_reported
 
 FLAGS = flags.FlagValues()
 flags.DEFINE_multi_string("gin_file", [], "Gin config file(s), in order.", flag_values=FLAGS)
@@ -190,23 +190,15 @@ def main(argv: list[str]) -> int:
     if not FLAGS.model_dir:
         return fail("--model_dir is required: where checkpoints and summaries go.")
 
-    import gin
-
     from orbitask.trainers.run.experiment import run_experiment
 
-    try:
+    def train() -> None:
         parse_gin(FLAGS.gin_file, FLAGS.gin_params)
         task = build_task()
         chosen = {"eval_checkpoint": FLAGS.checkpoint} if FLAGS.checkpoint else {}
         run_experiment(task=task, model_dir=FLAGS.model_dir, mode=FLAGS.mode, **chosen)
-    except Exception as e:
-        status = exit_status(e)
-        if status is None:
-            raise
-        return status
-    finally:
-        gin.clear_config()
-    return 0
+
+    return run_reported(train)
 
 
 def run() -> None:

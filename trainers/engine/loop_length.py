@@ -4,8 +4,8 @@ Each call of the train loop function costs a few milliseconds besides its steps 
 that run slower right after it; `benchmarks/loop_length.py` measures it), plus orbitask's host work
 between loops. A loop of quick steps therefore doubles, from `steps_per_loop`, while one lasts less
 than half `loop_seconds`. Loops never shrink below `steps_per_loop`, so slow steps keep their loops
-and metric windows; callbacks, evaluation and checkpoints still end loops where they are due
-(`steps_from` cuts a loop at the nearest step-based due point of their `Trigger`s).
+and metric windows; callbacks, evaluation and checkpoints still end loops where they are due (the
+Controller cuts a loop at the nearest due point of its schedule's loop-ending entries).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class LoopLength:
             return
         self.steps *= 2
 
-    def steps_from(self, step: int, schedules: Iterable[triggers.Schedule] = ()) -> int:
+    def steps_from(self, step: int, schedules: Iterable[triggers.DuePoints] = ()) -> int:
         """The length of a device loop that starts at `step`, cut where something is due.
 
         Eager host Python (a few integer operations), run before every device loop.

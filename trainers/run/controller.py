@@ -1,21 +1,25 @@
 """`Controller`: Orbit's outer loop with orbitask's checkpoint rules and a safe restore.
 
 With none of its own options set it is `orbit.Controller` (Orbit's own controller_test passes
-against it). Its additions:
+against it). All the work between device loops is one `actions.schedule.Schedule`: the entries
+given as `periodic`, Orbit's `train_actions`, then the Controller's own `summaries`,
+`checkpoint` and (in `train_and_evaluate`) `evaluation` entries. Device loops end where a
+loop-ending entry is due. Its additions:
 
 - `checkpoint_interval` / `checkpoint_seconds` / `save_at_completion`: saves at exact multiples
   of the interval (Orbit's manager counts from the first save: 1, 1+k, ...), after the first
   device loop that ends `checkpoint_seconds` after the last save (under
   `multi_worker_mirrored` every worker saves when any worker's clock says so), and always at
-  completion. Device loops end at interval multiples.
+  completion: the `checkpoint` entry. Device loops end at interval multiples.
 - `restore_checkpoint` restores the newest *readable* checkpoint (a corrupt latest one is
   skipped with a warning, never deleted), or calls the manager's `init_fn` when there is none.
 - `on_loop(steps, seconds)` receives each device loop's wall time (the runner's `LoopLength`).
 - The training loop reads the global step once per device loop (Orbit reads it several times,
   and flushes the summary writer around each loop).
 - `train_and_evaluate` evaluates at the multiples of `eval_interval` counted from step 0 (and at
-  `train_steps`), whatever step the run starts from: `eval_points` lists them. Orbit counts
-  the interval from the starting step, so a run resumed at 350 would evaluate at 550, 750.
+  `train_steps`), whatever step the run starts from: the `evaluation` entry, last in the
+  schedule (`actions.evaluation_points`). Orbit counts the interval from the starting step, so
+  a run resumed at 350 would evaluate at 550, 750.
 - `evaluated_step`, a checkpointed variable: each evaluation of `train_and_evaluate` sets it to
   its step before the eval actions run, so a checkpoint saved after an evaluation (by an eval
   action, or any later save) records it. A run resumed from a checkpoint whose record is older
@@ -23,8 +27,8 @@ against it). Its additions:
   negative record means none (a fresh run, or a checkpoint written by `--mode=train`): the
   schedule starts at the restored step, and with `eval_at_start` a baseline evaluation runs
   there first (so once per run: its record is then saved).
-- After each evaluation the next point is taken from the step then (an eval action may move
-  the step back: `ValidationControl.go_back`).
+- Training goes on from the step after each evaluation (an eval action may move the step
+  back: `ValidationControl.go_back`).
 - `train_and_evaluate(..., eval_seconds=T)` also evaluates at the end of the first device loop
   that ends T seconds of training after the last evaluation (evaluation time not counted),
   on every worker when any worker's clock says so (`cluster.any_worker`, a collective after
@@ -38,13 +42,17 @@ against it). Its additions:
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Sequence
 
 import orbit
 import tensorflow as tf
 from absl import logging
 
+from orbitask.trainers.actions import evaluation_points
+from orbitask.trainers.actions.evaluation_points import evaluation_entry
+from orbitask.trainers.actions.schedule import Periodic, Schedule
 from orbitask.trainers.actions.triggers import Trigger
 from orbitask.trainers.distribution import cluster
 from orbitask.trainers.state import checkpoint_restore
@@ -64,6 +72,8 @@ class Controller(orbit.Controller):
         evaluation of `train_and_evaluate` (module docstring), or None.
       eval_at_start: `train_and_evaluate` evaluates before training when no evaluation is
         recorded (module docstring).
+      periodic: `Periodic` entries run after each device loop, first, in order (module
+        docstring); Orbit's `train_actions` run after them.
       **kwargs: `orbit.Controller`'s arguments, all honoured.
     """
 
@@ -76,9 +86,10 @@ class Controller(orbit.Controller):
         on_loop: Callable[[int, float], None] | None = None,
         evaluated_step: tf.Variable | None = None,
         eval_at_start: bool = False,
+        periodic: Sequence[Periodic] = (),
         **kwargs,
     ):
-        # Steps agree on every worker; the clock is this worker's (see `_due`).
+        # The `checkpoint` entry's rule. Steps agree on every worker; the clock is this worker's.
         self._saves = Trigger(
             every_steps=checkpoint_interval or None, every_secs=checkpoint_seconds or None
         )
@@ -99,28 +110,30 @@ class Controller(orbit.Controller):
         super().__init__(**kwargs)
         if evaluated_step is not None:
             self._recorded = int(evaluated_step.numpy())
+        self._loop_end = 0  # the step the last device loop ended at, before any entry ran
+        self.schedule = Schedule(
+            [
+                *periodic,
+                Periodic("train_actions", self._run_train_actions),
+                Periodic("summaries", self._write_summaries),
+                self._checkpoint_entry(),
+            ],
+            current_step=self._step_now,
+            agree=functools.partial(cluster.any_worker, self.strategy),
+        )
 
-    def train(
-        self,
-        steps: int,
-        checkpoint_at_completion: bool = True,
-        stop: Callable[[], bool] | None = None,
-    ) -> None:
-        """Trains until the global step is `steps` (Orbit's `train`, one step read a loop), or
-        until `stop()` (asked after each device loop short of `steps`, on every worker) says so.
-        Eager."""
+    def train(self, steps: int, checkpoint_at_completion: bool = True) -> None:
+        """Trains until the global step is `steps` (Orbit's `train`, one step read a loop), each
+        device loop ending where a loop-ending entry of the schedule is due. Eager."""
         self._require("trainer", for_method="train")
         step = int(self.global_step.numpy())
         while step < steps:
             length = self._loop_steps
             length = length(step) if callable(length) else length
-            until = self._saves.steps_until_due(step)  # loops end at interval multiples
+            until = self.schedule.steps_until_due(step)
             if until is not None:
                 length = min(length, until)
             step = self._train_n_steps(max(1, min(steps - step, length)), step)
-            self._maybe_save_checkpoint()
-            if stop is not None and step < steps and stop():
-                break
         if checkpoint_at_completion:
             self._maybe_save_checkpoint(check_interval=False)
         self._sync_on_async_checkpointing()
@@ -151,17 +164,20 @@ class Controller(orbit.Controller):
             elif evaluated is not None:
                 evaluated.assign(step)
         else:
-            due = last_eval_point(step, train_steps, eval_interval)
+            due = evaluation_points.last_eval_point(step, train_steps, eval_interval)
             if due > int(evaluated.numpy()):
                 logging.info("evaluation of step %d not recorded: evaluating at %d", due, step)
                 output = self.evaluate(steps=eval_steps)
-        while True:  # the next point from the step now: an eval action may move the step
-            point = next(eval_points(self._step_now(), train_steps, eval_interval), None)
-            if point is None:
-                break
-            stop = _clock(eval_seconds, self.strategy)
-            self.train(steps=point, checkpoint_at_completion=False, stop=stop)
-            output = self.evaluate(steps=eval_steps)
+        outputs = [output]
+
+        def evaluate(_: dict) -> None:
+            self._sync_on_async_checkpointing()  # the best export copies the newest checkpoint
+            outputs.append(self.evaluate(steps=eval_steps))
+
+        entry = evaluation_entry(evaluate, train_steps, eval_interval, eval_seconds)
+        with self.schedule.including(entry):
+            self.train(train_steps, checkpoint_at_completion=False)
+        output = outputs[-1]
         self._maybe_save_checkpoint(check_interval=False)
         if evaluated is not None and self.checkpoint_manager is not None:
             if self._recorded != int(evaluated.numpy()):
@@ -216,7 +232,7 @@ class Controller(orbit.Controller):
         self._evaluated.assign(int(self.global_step.numpy()))
 
     def _train_n_steps(self, num_steps: int, start: int | None = None) -> int:
-        """Runs one device loop, the train actions and summaries; returns the step after them.
+        """Runs one device loop, then the schedule's due entries; returns the step after them.
 
         Orbit's `_train_n_steps` without its step reads, `StepTimer`, log formatting, a new
         constant each loop and, when no `summary_interval` is set, the summary writer around the
@@ -239,15 +255,23 @@ class Controller(orbit.Controller):
                 output = self.trainer.train(steps) or {}
         if self._on_loop is not None:
             self._on_loop(num_steps, time.perf_counter() - began)
-        end = self._step_now()
+        end = self._loop_end = self._step_now()
         if end != start + num_steps:
             logging.warning(
                 "`trainer.train(%d)` did not update `global_step` by %d: %d -> %d.",
                 num_steps, num_steps, start, end,
             )  # fmt: skip
+        self.schedule.run(output, start)
+        return self._step_now()  # after the entries (a NaN rollback moves it)
+
+    def _run_train_actions(self, output: dict) -> None:
+        """The `train_actions` entry: Orbit's train actions, in order."""
         for action in self.train_actions:
             action(output)
-        now, (then, before) = time.perf_counter(), self._rate_mark
+
+    def _write_summaries(self, output: dict) -> None:
+        """The `summaries` entry: the loop's logs and steps/sec to train/, and a log line."""
+        end, now, (then, before) = self._loop_end, time.perf_counter(), self._rate_mark
         rate = (end - before) / (now - then) if now > then else 0.0
         self._rate_mark = (now, end)
         if logging.level_info():
@@ -255,7 +279,14 @@ class Controller(orbit.Controller):
         # A new dict: an action may keep the one it received.
         self.summary_manager.write_summaries({**output, "steps_per_second": rate})
         self.summary_manager.flush()
-        return self._step_now()  # after the actions (a NaN rollback moves it)
+
+    def _checkpoint_entry(self) -> Periodic:
+        """The `checkpoint` entry: by the Controller's rules (module docstring), or after every
+        loop by the manager's `checkpoint_interval` (Orbit's) when none is set."""
+        if not self._own_rule:
+            return Periodic("checkpoint", lambda _: self._maybe_save_checkpoint())
+        save = lambda _: self._maybe_save_checkpoint(check_interval=False)  # noqa: E731
+        return Periodic("checkpoint", save, when=self._saves, ends_loop=True)
 
     def _step_now(self) -> int:
         """The global step: the trainer's `last_step` (the step its last loop ended at, kept
@@ -313,31 +344,3 @@ class Controller(orbit.Controller):
         self._saved_step = step
         if self._evaluated is not None:
             self._recorded = int(self._evaluated.numpy())
-
-
-def _clock(seconds: float | None, strategy: tf.distribute.Strategy | None = None):
-    """`stop()` for `Controller.train`: whether `seconds` passed since this call, on any worker
-    (None: no time rule). Eager."""
-    if seconds is None:
-        return None
-    start = time.monotonic()
-    strategy = strategy or tf.distribute.get_strategy()
-    return lambda: cluster.any_worker(strategy, time.monotonic() - start >= seconds)
-
-
-def eval_points(step: int, train_steps: int, interval: int | None) -> Iterator[int]:
-    """Yields the steps after `step` and up to `train_steps` that `train_and_evaluate`
-    evaluates at: the multiples of `interval` counted from 0, and `train_steps` (only it when
-    `interval` is None)."""
-    if step >= train_steps:
-        return
-    if interval:
-        yield from range((step // interval + 1) * interval, train_steps, interval)
-    yield train_steps
-
-
-def last_eval_point(step: int, train_steps: int, interval: int | None) -> int:
-    """The last of `train_and_evaluate`'s evaluation points at or before `step` (0: none)."""
-    if step >= train_steps:
-        return train_steps
-    return step // interval * interval if interval else 0

@@ -1,5 +1,5 @@
-"""The Orbit train and eval actions of a run, in their order: the Task's callbacks, the optional
-progress display and profiler, the NaN guard and SIGTERM's watcher."""
+"""A run's entries of the Controller's schedule (the Task's callbacks, the optional progress
+display and profiler, the NaN guard and SIGTERM's watcher) and its Orbit eval actions."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from orbitask.trainers.actions.callback_action import CallbackAction
 from orbitask.trainers.actions.preemption import PreemptionWatcher
 from orbitask.trainers.actions.profiling import Profiler
 from orbitask.trainers.actions.progress import ProgressAction
+from orbitask.trainers.actions.schedule import Periodic
 from orbitask.trainers.actions.triggers import Trigger
 from orbitask.trainers.distribution import cluster
 from orbitask.trainers.features.learning_rate import LearningRate
@@ -49,7 +50,7 @@ def build_profiler(
     return Profiler(steps, os.path.join(model_dir, "train"), current_step, trainer, trace)
 
 
-def train_actions(
+def train_entries(
     *,
     callbacks: CallbackAction,
     keep_logs: Callable[[dict], None],
@@ -58,18 +59,24 @@ def train_actions(
     profiler: Profiler | None,
     nan_guard: Callable[[dict], None] | None,
     preemption: PreemptionWatcher,
-) -> list:
-    """The Orbit train actions, in order: `callbacks` (and a schedule's rate they assigned),
-    `keep_logs`, progress, profiler, the NaN guard's action, SIGTERM's `preemption`."""
-    actions = [callbacks, keep_logs]
+) -> list[Periodic]:
+    """The run's entries of the Controller's schedule, in order (`actions.schedule`):
+    `callbacks` (their triggers end loops), a schedule's rate they assigned, `keep_logs`,
+    progress, the profiler (its window ends loops), the NaN guard's action, SIGTERM's
+    `preemption`. The Controller's summaries, checkpoint and evaluation follow them."""
+    entries = [Periodic("callbacks", callbacks, when=callbacks, ends_loop=True)]
     if lr_control.schedule is not None:  # a callback's `ctx.lr.assign` lasts
-        actions.insert(1, lr_control.keep_assigned)
-    actions.extend(action for action in (progress, profiler) if action is not None)
+        entries.append(Periodic("learning_rate", lr_control.keep_assigned))
+    entries.append(Periodic("results", keep_logs))
+    if progress is not None:
+        entries.append(Periodic("progress", progress))
+    if profiler is not None:
+        entries.append(Periodic("profiler", profiler, when=profiler, ends_loop=True))
     if nan_guard is not None:
-        # Last but one, before the Controller's save: a rollback must precede any checkpoint.
-        actions.append(nan_guard)
-    actions.append(preemption)  # last: saves the state every other action left
-    return actions
+        # Before the Controller's checkpoint: a rollback must precede any save.
+        entries.append(Periodic("nan_guard", nan_guard))
+    entries.append(Periodic("preemption", preemption))  # saves the state the others left
+    return entries
 
 
 def eval_actions(

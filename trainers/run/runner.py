@@ -23,6 +23,7 @@ from orbitask.trainers.actions.callback_action import CallbackAction
 from orbitask.trainers.actions.preemption import PreemptionWatcher
 from orbitask.trainers.actions.profiling import Profiler
 from orbitask.trainers.actions.progress import ProgressAction
+from orbitask.trainers.actions.schedule import Periodic
 from orbitask.trainers.distribution import cluster
 from orbitask.trainers.engine import inputs
 from orbitask.trainers.engine.loop_length import LoopLength
@@ -117,7 +118,7 @@ class ExperimentRunner(ModeRunning):
         _build_trainer            TaskObjects + TrainStep -> TaskTrainer
         _build_loop_length        device loops' length
         _build_progress, _build_profiler
-        _build_controller         the Controller, with _build_train_actions, _build_eval_actions
+        _build_controller         the Controller, with _build_train_entries, _build_eval_actions
         ```
         """
         self.strategy = self._build_strategy()
@@ -262,16 +263,16 @@ class ExperimentRunner(ModeRunning):
             steps, self.model_dir, self._step_now, self.trainer, self.chief
         )
 
-    def _build_train_actions(self) -> list:
-        """The Orbit train actions, in order: callbacks (and a schedule's rate they assigned),
-        results, progress, profiler, NaN guard, SIGTERM."""
+    def _build_train_entries(self) -> list[Periodic]:
+        """The run's entries of the Controller's schedule, in order: callbacks (and a schedule's
+        rate they assigned), results, progress, profiler, NaN guard, SIGTERM."""
         objects, state = self.objects, self.checkpointing
         nan_guard = objects.nan_guard
         if nan_guard is not None:
             nan_guard = nan_guard.action(
                 state.checkpoint, state.manager, self.strategy, objects.global_step, self.trainer
             )
-        return run_actions.train_actions(
+        return run_actions.train_entries(
             callbacks=self.callbacks,
             keep_logs=self._keep_train_logs,
             lr_control=objects.lr_control,
@@ -302,7 +303,7 @@ class ExperimentRunner(ModeRunning):
         )
 
     def _build_controller(self) -> Controller:
-        """The Controller with its train and eval actions."""
+        """The Controller with the run's schedule entries and eval actions."""
         saves, manager = self.settings.checkpoints, self.checkpointing.manager
         return Controller(
             checkpoint_interval=saves.checkpoint_interval,
@@ -316,9 +317,9 @@ class ExperimentRunner(ModeRunning):
             trainer=self.trainer if self.training else None,
             evaluator=self.trainer if self.evaluating else None,
             strategy=self.strategy,
-            train_actions=self._build_train_actions(),
+            periodic=self._build_train_entries(),
             eval_actions=self._build_eval_actions(),
-            steps_per_loop=self._steps_per_loop,
+            steps_per_loop=self.loop_length.steps_from,
             # None: no restore of the newest checkpoint; `_evaluate_saved` restores each one.
             checkpoint_manager=None if self.evaluates_saved else manager,
             summary_manager=self.summaries.train,

@@ -139,11 +139,6 @@ class ModeRunning:
             scalars=self.summaries.train.scalars,
         )
 
-    def _steps_per_loop(self, step: int) -> int:
-        """A device loop's length from `step`: the grown length, cut where a callback is due
-        (the Controller also ends loops at checkpoint steps)."""
-        return self.loop_length.steps_from(step, (self.callbacks, *filter(None, [self.profiler])))
-
     def _keep_train_logs(self, output: dict) -> None:
         self.results["train"] = dict(output)
 

@@ -1,0 +1,132 @@
+"""`Schedule`: all the work between device loops, as one ordered list of `Periodic` entries.
+
+Each entry separates *what* from *when*, as CommonLoopUtils' `PeriodicAction` and Orbit's
+`ConditionalAction` do: an action called with the device loop's output, a rule saying when it is
+due, and whether the rule's due steps end a device loop. The Controller asks the schedule how far
+the next device loop may run (`steps_until_due`) and, after the loop, runs the due entries in
+order (`run`). A training run's schedule, in order:
+
+```text
+entry            when                                              ends loops
+callbacks        each callback's every_steps / at_step / seconds    yes (deferred ones: no)
+learning_rate    every loop (a rate a callback assigned lasts)
+results          every loop (the logs `run_experiment` returns)
+progress         every loop
+profiler         every loop (it starts and stops the trace)        at its window's edges
+nan_guard        every loop (a rollback precedes any checkpoint)
+preemption       every loop (after SIGTERM: saves and stops)
+summaries        every loop (train/ scalars, the steps/sec line)
+checkpoint       checkpoint_interval steps, checkpoint_seconds      yes
+evaluation       eval_interval steps and train_steps, eval_seconds  yes
+```
+
+The Controller adds `summaries`, `checkpoint` and, in `train_and_evaluate`, `evaluation`; the
+runner builds the others (`run.run_actions.train_entries`). A new periodic feature is one more
+entry.
+
+Everything here is eager host Python on ints: it runs after every device loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from orbitask.trainers.actions import triggers
+from orbitask.trainers.actions.triggers import Trigger
+
+
+@dataclasses.dataclass(frozen=True)
+class Periodic:
+    """One entry of a `Schedule`: what runs after a device loop, and when.
+
+    Args:
+      name: what the entry is (in messages and for `Schedule.entry`).
+      action: `action(output)` with the device loop's output dict.
+      when: a `Trigger`: the action runs when a step rule has a due point after the loop's first
+        step and at or before the step now, or when the seconds rule is due on any worker.
+        Anything else with `steps_until_due(step)` (a `CallbackAction`, the `Profiler`): the
+        action runs after every loop and keeps its own finer rules. None: after every loop.
+      ends_loop: device loops end at the step rules' due points (`when.steps_until_due`).
+    """
+
+    name: str
+    action: Callable[[dict], Any]
+    when: Trigger | triggers.DuePoints | None = None
+    ends_loop: bool = False
+
+
+class Schedule:
+    """The ordered `Periodic` entries run between device loops.
+
+    Args:
+      entries: the entries, in the order they run.
+      current_step: `current_step() -> int`, the global step now (an earlier entry may move it:
+        a NaN rollback, `go_back`).
+      agree: `agree(due) -> due` on every worker (a collective under `multi_worker_mirrored`):
+        a seconds rule is due on every worker when it is due on any. None: this process alone.
+    """
+
+    def __init__(
+        self,
+        entries: Iterable[Periodic],
+        current_step: Callable[[], int],
+        agree: Callable[[bool], bool] | None = None,
+    ):
+        self.entries = list(entries)
+        self.current_step = current_step
+        self.agree = agree
+        self._ending: list[triggers.DuePoints] = []
+        self._update()
+
+    def _update(self) -> None:
+        self._ending = [e.when for e in self.entries if e.ends_loop and e.when is not None]
+
+    @property
+    def names(self) -> list[str]:
+        """The entries' names, in order."""
+        return [entry.name for entry in self.entries]
+
+    def entry(self, name: str) -> Periodic | None:
+        """The first entry called `name`, or None."""
+        return next((entry for entry in self.entries if entry.name == name), None)
+
+    @contextlib.contextmanager
+    def including(self, entry: Periodic) -> Iterator[None]:
+        """Runs `entry` last while the block runs (`train_and_evaluate`'s evaluation)."""
+        self.entries.append(entry)
+        self._update()
+        try:
+            yield
+        finally:
+            self.entries.remove(entry)
+            self._update()
+
+    def steps_until_due(self, step: int) -> int | None:
+        """Steps from `step` to the nearest due step of a loop-ending entry, or None. Eager
+        host Python, before every device loop."""
+        return triggers.steps_until_any(self._ending, step)
+
+    def run(self, output: dict, start: int) -> None:
+        """After a device loop that started at step `start`: runs every due entry, in order,
+        with the loop's `output`, and records each `Trigger` entry's run. Eager; None."""
+        for entry in self.entries:
+            when = entry.when
+            if not isinstance(when, Trigger):
+                entry.action(output)
+                continue
+            step = self.current_step()
+            if self._due(when, start, step):
+                entry.action(output)
+                when.fired(step)
+
+    def _due(self, trigger: Trigger, start: int, step: int) -> bool:
+        # Step rules agree on every worker; the clock is this worker's.
+        if step > start and trigger.step_due(step, since=start):
+            return True
+        if trigger.every_secs is None:
+            return False
+        due = trigger.time_due()
+        return self.agree(due) if self.agree is not None else due
