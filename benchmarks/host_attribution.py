@@ -4,11 +4,11 @@
 
 Trains the workload with `configs/defaults.gin`-like settings (mode "train", progress on, the
 default `print_loss`), wraps the loop function and each per-loop hook (the Controller's loop
-driver, the trainer's begin/end, the callback and progress actions, summaries, the summary
-writer's context exits, the checkpoint check) with a timer, and prints the median time per
-loop of each (median, and mean, which counts work done every few loops), after 5 warm-up
-loops. Unlike cProfile it does not slow Python down; the hooks
-overlap TensorFlow's threads, so the figures are what a run really pays.
+driver and its schedule's run, the trainer's begin/end, the callback and progress actions,
+summaries, the summary writer's context exits, the checkpoint check) with a timer, and prints the
+median time per loop of each (median, and mean, which counts work done every few loops), after 5
+warm-up loops. Unlike cProfile it does not slow Python down; the hooks overlap TensorFlow's
+threads, so the figures are what a run really pays.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     from orbitask.trainers import TaskTrainer, run_experiment
     from orbitask.trainers.actions.callback_action import CallbackAction
     from orbitask.trainers.actions.progress import ProgressAction
+    from orbitask.trainers.actions.schedule import Schedule
     from orbitask.trainers.actions.summaries import LoopSummaryManager
     from orbitask.trainers.run.controller import Controller
 
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
 
     hooks = [
         (Controller, "_train_n_steps"),
+        (Schedule, "run"),
         (TaskTrainer, "train"),
         (TaskTrainer, "train_loop_begin"),
         (TaskTrainer, "train_loop_end"),
