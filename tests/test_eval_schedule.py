@@ -18,17 +18,7 @@ from orbitask import run_experiment
 from orbitask.trainers.actions.evaluation_points import eval_points, last_eval_point
 from orbitask.trainers.run.controller import Controller
 from tests import faults
-from tests.helpers import TinyTask
-
-
-class _Trainer(orbit.StandardTrainer):
-    def __init__(self):
-        self.global_step = orbit.utils.create_global_step()
-        super().__init__(tf.data.Dataset.range(4).repeat())
-
-    def train_step(self, iterator):
-        next(iterator)
-        self.global_step.assign_add(1)
+from tests.helpers import StepTrainer, TinyTask
 
 
 class _Evaluator(orbit.AbstractEvaluator):
@@ -44,7 +34,7 @@ class _Evaluator(orbit.AbstractEvaluator):
 
 
 def _controller(start, evaluated=None, eval_actions=()):
-    trainer = _Trainer()
+    trainer = StepTrainer()
     trainer.global_step.assign(start)
     evaluator = _Evaluator(trainer.global_step)
     controller = Controller(
@@ -93,7 +83,7 @@ def test_without_a_record_the_schedule_starts_at_the_restored_step():
 
 
 def test_the_last_checkpoint_records_the_last_evaluation(tmp_path):
-    trainer, evaluated = _Trainer(), tf.Variable(0, dtype=tf.int64)
+    trainer, evaluated = StepTrainer(), tf.Variable(0, dtype=tf.int64)
     checkpoint = tf.train.Checkpoint(step=trainer.global_step, evaluated=evaluated)
     manager = tf.train.CheckpointManager(checkpoint, str(tmp_path), 5)
     controller = Controller(

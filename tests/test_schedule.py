@@ -2,13 +2,12 @@
 where device loops end, and that a run's periodic work is entries of one schedule."""
 
 import orbit
-import tensorflow as tf
 
 from orbitask import NanGuard, run_experiment
 from orbitask.trainers.actions.schedule import Periodic, Schedule
 from orbitask.trainers.actions.triggers import Trigger
 from orbitask.trainers.run.controller import Controller
-from tests.helpers import TinyTask
+from tests.helpers import StepTrainer, TinyTask
 
 
 class _Clock:
@@ -99,16 +98,6 @@ def test_only_loop_ending_entries_cut_device_loops():
     assert schedule.steps_until_due(0) == 7 and "at_2" not in schedule.names
 
 
-class _Trainer(orbit.StandardTrainer):
-    def __init__(self):
-        self.global_step = orbit.utils.create_global_step()
-        super().__init__(tf.data.Dataset.range(4).repeat())
-
-    def train_step(self, iterator):
-        next(iterator)
-        self.global_step.assign_add(1)
-
-
 class _Evaluator(orbit.AbstractEvaluator):
     def __init__(self, global_step, names):
         self.global_step, self.names, self.steps = global_step, names, []
@@ -126,7 +115,7 @@ class _Loops(Controller):
 
 
 def test_a_new_periodic_feature_is_one_entry_of_the_controllers_schedule():
-    trainer, ran, names = _Trainer(), [], []
+    trainer, ran, names = StepTrainer(), [], []
     evaluator = _Evaluator(trainer.global_step, names)
     sevens = Periodic(
         "sevens",
