@@ -43,10 +43,11 @@ class Periodic:
     """One entry of a `Schedule`: what runs after a device loop, and when.
 
     Args:
-      name: what the entry is (in messages and for `Schedule.entry`).
+      name: what the entry is (`Schedule.names`, `Schedule.entry`).
       action: `action(output)` with the device loop's output dict.
-      when: a `Trigger`: the action runs when a step rule has a due point after the loop's first
-        step and at or before the step now, or when the seconds rule is due on any worker.
+      when: a `Trigger`: the action runs when a step rule has a due point after the step the
+        loop started from and at or before the step now, or when the seconds rule is due on any
+        worker.
         Anything else with `steps_until_due(step)` (a `CallbackAction`, the `Profiler`): the
         action runs after every loop and keeps its own finer rules. None: after every loop.
       ends_loop: device loops end at the step rules' due points (`when.steps_until_due`).
