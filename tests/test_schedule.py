@@ -23,11 +23,11 @@ def _recording(ran, name, step=None):
 
 
 def test_entries_run_in_order_each_when_its_trigger_is_due_in_the_loop():
-    ran, step = [], [12]
+    ran, step, tens = [], [12], Trigger(every_steps=10)
     schedule = Schedule(
         [
             Periodic("every_loop", _recording(ran, "every_loop", step)),
-            Periodic("tens", _recording(ran, "tens", step), when=Trigger(every_steps=10)),
+            Periodic("tens", _recording(ran, "tens", step), when=tens),
             Periodic("at_15", _recording(ran, "at_15", step), when=Trigger(at_steps=[15])),
             Periodic("last", _recording(ran, "last", step)),
         ],
@@ -40,7 +40,7 @@ def test_entries_run_in_order_each_when_its_trigger_is_due_in_the_loop():
     schedule.run({}, start=12)
     assert ran == [("every_loop", 15), ("at_15", 15), ("last", 15)]
     assert schedule.names == ["every_loop", "tens", "at_15", "last"]
-    assert schedule.entry("tens").when.last_step == 12  # fired at the step it ran
+    assert tens.last_step == 12  # fired at the step it ran
 
 
 def test_an_entry_that_moves_the_step_back_makes_later_step_rules_wait():

@@ -43,7 +43,7 @@ class Periodic:
     """One entry of a `Schedule`: what runs after a device loop, and when.
 
     Args:
-      name: what the entry is (`Schedule.names`, `Schedule.entry`).
+      name: what the entry is (`Schedule.names`).
       action: `action(output)` with the device loop's output dict.
       when: a `Trigger`: the action runs when a step rule has a due point after the step the
         loop started from and at or before the step now, or when the seconds rule is due on any
@@ -89,10 +89,6 @@ class Schedule:
     def names(self) -> list[str]:
         """The entries' names, in order."""
         return [entry.name for entry in self.entries]
-
-    def entry(self, name: str) -> Periodic | None:
-        """The first entry called `name`, or None."""
-        return next((entry for entry in self.entries if entry.name == name), None)
 
     @contextlib.contextmanager
     def including(self, entry: Periodic) -> Iterator[None]:
