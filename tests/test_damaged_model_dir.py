@@ -14,7 +14,7 @@ from orbitask.trainers.errors import ConfigError
 from tests.helpers import TinyTask, keras_module, weights
 
 
-def _run(model_dir, steps, task=None):
+def _run(model_dir, steps, task=None, **kwargs):
     task = task or TinyTask()
     run_experiment(
         task,
@@ -26,6 +26,7 @@ def _run(model_dir, steps, task=None):
         steps_per_loop=5,
         checkpoint_interval=5,
         progress=False,
+        **kwargs,
     )
     return task
 
@@ -161,6 +162,28 @@ def test_damaged_state_file_resumes_from_the_checkpoint_files(tmp_path, capsys, 
     assert _resumed_step(out) == 20
     _kept(before, _files(tmp_path))
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-25")
+    _assert_same(_weights_at(tmp_path / "ckpt-25"), reference[25])
+
+
+def test_damaged_state_file_over_more_files_than_kept_resumes_from_the_newest(
+    tmp_path, capsys, reference
+):
+    """Four checkpoints on disk, a garbled state file, and a resume keeping 2: the manager
+    holds the newest two and resumes from ckpt-20; saving ckpt-25 retires ckpt-15 (keep 2),
+    and the files it never held (ckpt-5, ckpt-10) are left alone."""
+    _run(tmp_path, 20)
+    (tmp_path / "checkpoint").write_bytes(STATE_DAMAGE["garbled_text"][0])
+    before = _files(tmp_path)
+    capsys.readouterr()
+
+    _run(tmp_path, 25, max_to_keep=2)
+    out = capsys.readouterr().out
+    warning = [x for x in out.splitlines() if "the state file" in x]
+    assert len(warning) == 1 and "2 found, newest ckpt-20" in warning[0], out[-3000:]
+    assert _resumed_step(out) == 20
+    after = _files(tmp_path)
+    assert sorted(set(before) - set(after)) == [p for p in before if "ckpt-15." in p]
+    _kept({p: d for p, d in before.items() if "ckpt-15." not in p}, after)
     _assert_same(_weights_at(tmp_path / "ckpt-25"), reference[25])
 
 

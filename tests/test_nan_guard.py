@@ -5,6 +5,7 @@ Runs with oneDNN off (conftest): oneDNN's fused kernels turn NaN into 0 in graph
 
 from pathlib import Path
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -138,6 +139,30 @@ def test_the_binary_exits_3_in_one_line_when_the_guard_stops(tmp_path, capsys):
     assert status == 3, err
     assert err.startswith("orbitask: error: ") and err.count("\n") == 1, err
     assert "not finite for 3 consecutive steps" in err and "no checkpoint to roll back" in err
+
+
+class WideNanAt(NanAt):
+    """NanAt with three 4096 x 4096 kernels (a ~580 MiB checkpoint with Nadam's slots), so
+    that an async write is still under way when the next step ends."""
+
+    def build_model(self):
+        wide = [keras.layers.Dense(4096) for _ in range(4)]
+        return keras.Sequential([keras.Input((6,)), *wide, keras.layers.Dense(3)])
+
+
+def test_rollback_waits_for_the_async_save_under_way(tmp_path, capsys):
+    """Steps 6 on go bad right after step 5's async save started: the rollback waits for it
+    and goes back to ckpt-5 (not "no checkpoint to roll back to")."""
+    task = WideNanAt(bad_steps=[], nan_forever_after=5)
+    with pytest.raises(NonFiniteLossError, match="after 1 rollback"):
+        run_experiment(
+            task, str(tmp_path), mode="train", train_steps=30, global_batch_size=B,
+            steps_per_loop=1, checkpoint_interval=5, progress=False, async_checkpoints=True,
+            nan_guard=NanGuard(patience=1, max_rollbacks=1),
+        )  # fmt: skip
+    out = capsys.readouterr().out
+    assert out.count("rolled back to") == 1 and f"rolled back to {tmp_path / 'ckpt-5'}" in out
+    assert [s for s, _ in task.recorder.calls] == [1, 2, 3, 4, 5, 6, 6]
 
 
 def test_guard_settings_are_checked():

@@ -187,3 +187,29 @@ def test_train_and_eval_saves_after_the_evaluation_and_resumes_exactly(tmp_path,
     assert f"resumed from {saved} (step 20)" in resumed.stdout
     assert len(resumed_marker.read_text()) == EVAL_STEPS  # only the evaluation at 40
     faults.assert_identical(faults.final_state(trained), faults.final_state(model_dir))
+
+
+def test_sigterm_after_an_earlier_interval_save_saves_the_stop_step(tmp_path):
+    """In-process: an interval save at step 5, then SIGTERM during step 7's loop. The newest
+    checkpoint holds step 5, so the stop saves ckpt-7 and names it."""
+    from orbitask.trainers import run_experiment
+    from orbitask.trainers.errors import Preempted
+    from tests.helpers import TinyTask
+
+    class SignalAt7(TinyTask):
+        def at_step(self):
+            return {7: lambda task, ctx: signal.raise_signal(signal.SIGTERM)}
+
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(Preempted, match=r"saved checkpoint .*ckpt-7 at step 7;"):
+            run_experiment(
+                SignalAt7(), str(tmp_path), mode="train", train_steps=20, global_batch_size=8,
+                steps_per_loop=1, checkpoint_interval=5, progress=False,
+            )  # fmt: skip
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-7")
+    assert tf.train.load_checkpoint(str(tmp_path / "ckpt-7")).get_tensor(
+        "step/.ATTRIBUTES/VARIABLE_VALUE"
+    ) == 7

@@ -156,6 +156,19 @@ def test_restore_best_puts_the_best_weights_in_the_final_checkpoint_and_export(t
     assert not np.array_equal(_model_weights(tmp_path / "ckpt-4")[0], values[0])
 
 
+def test_restore_best_acts_at_an_early_stop(tmp_path):
+    """Scores 1, 2, 3 at steps 2..6 with patience 2: the run stops early at step 6, before
+    `train_steps`, and its final checkpoint holds step 2's (the best) weights."""
+    scores = {(2, 0.05): 1.0, (4, 0.05): 2.0, (6, 0.025): 3.0}
+    control = ValidationControl(metric="score", restore_best=True, early_stop_patience=2)
+    logs = _run(Scored(scores), tmp_path, 10, control)
+    assert logs["early_stop"].startswith("early stop at step 6:"), logs
+    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-6")
+    _same_weights(tmp_path / "ckpt-6", tmp_path / "ckpt-2")
+    final, fourth = _model_weights(tmp_path / "ckpt-6"), _model_weights(tmp_path / "ckpt-4")
+    assert not np.array_equal(final[0], fourth[0])
+
+
 @pytest.mark.parametrize("reset, stop", [(False, 8), (True, None)])
 def test_patience_counts_in_a_row_or_in_total(tmp_path, reset, stop):
     """Scores 3, 4, 1, 2 at steps 2..8, patience 2: the worse ones (4, 8) are not in a row."""

@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 from orbitask.trainers import ConfigError, WarmStart, run_experiment
+from orbitask.trainers.features.warm_start import model_variables
 from tests.helpers import TinyTask, checkpoint_weights
 
 
@@ -69,12 +70,20 @@ def test_warm_start_subset_and_report(tmp_path, capsys):
     np.testing.assert_array_equal(np.array(model.weights[2]), fresh[2])  # second left alone
 
 
-def test_warm_start_include_restores_only_the_named_layer(tmp_path):
+@pytest.mark.parametrize("by", ["layer_name", "object_path"])
+def test_warm_start_include_restores_only_the_named_layer(tmp_path, by):
+    """`include` by a Keras layer name, or by an object path from the checkpoint's root
+    (e.g. "train_model/_layers/0/")."""
     _train(tmp_path / "pre", 4)
     pretrained = checkpoint_weights(TinyTask(), tmp_path / "pre")
     model = TinyTask().build_model()
     fresh = [np.array(v) for v in model.weights]
-    first = model.layers[0].kernel.path.split("/")[-2] + "/"  # e.g. "dense_6/"
+    if by == "layer_name":
+        first = model.layers[0].kernel.path.split("/")[-2] + "/"  # e.g. "dense_6/"
+    else:
+        kernel = model.layers[0].kernel
+        path = next(p for p, v in model_variables(model) if v is kernel)
+        first = "/".join(("train_model", *path[:-1])) + "/"
     report = WarmStart(str(tmp_path / "pre"), include=(first,)).apply(model)
     assert len(report["restored"]) == 2 and len(report["skipped"]) == 2, report
     for got, want in zip(model.weights[:2], pretrained[:2], strict=True):
