@@ -16,6 +16,8 @@ tasks layer does not import this one). The other places that reach private API, 
   manager reads its state file so that a damaged one reads as none; and the object graph of a
   checkpoint and of its restore status (`_trackable_children`, `graph_view`,
   `_objects_with_attributes`, `status._checkpoint`), to name what a restore left unbound.
+- `trainers/distribution/strategies.py` (through `own_collective_keys` here): a
+  `MirroredStrategy`'s collective keys.
 - `trainers/state/checkpoint_files.py`: `checkpoint_management.CheckpointState`, the proto of a
   manager's state file.
 - `tasks/base.py`, `trainers/actions/callback_action.py`: `tf.__internal__.tracking.Trackable`,
@@ -141,6 +143,36 @@ def take_async_error(checkpoint: tf.train.Checkpoint) -> BaseException | None:
     if error is not None:
         helper._async_error = None  # noqa: SLF001
     return error
+
+
+# Collective key ranges handed out in this process (TensorFlow's own strategies start at 0).
+_KEY_RANGE = 100_000
+_key_ranges = iter(range(_KEY_RANGE, 2**31 - _KEY_RANGE, _KEY_RANGE))
+
+
+def own_collective_keys(strategy: tf.distribute.Strategy) -> None:
+    """Gives a `MirroredStrategy` collective keys of its own in this process, once per strategy
+    object. Eager; returns None; other strategies are left as they are.
+
+    Every `MirroredStrategy` numbers its collectives (all-reduces on CPUs, and under XLA) from
+    group key 1 and instance key 100, and the collective runtime remembers each key's shape for
+    the process's life: a second strategy whose key 100 reduces another shape aborts with
+    "Shape mismatch in the collective instance 100" (a run of another model after a first one).
+    TensorFlow's own tests move `_collective_key_base` for the same reason. This re-makes the
+    strategy's `CollectiveAllReduce` (`MirroredExtended._collective_ops`, and
+    `_cross_device_ops` where that is it) from a key base no other strategy here uses.
+    """
+    extended = strategy.extended
+    if not isinstance(strategy, tf.distribute.MirroredStrategy):
+        return
+    if getattr(extended, "_orbitask_own_keys", False):
+        return
+    extended._orbitask_own_keys = True  # noqa: SLF001
+    old = extended._collective_ops  # noqa: SLF001
+    extended._collective_key_base = next(_key_ranges)  # noqa: SLF001
+    extended._collective_ops = extended._make_collective_ops_with_fallbacks()  # noqa: SLF001
+    if extended._cross_device_ops is old:  # noqa: SLF001
+        extended._cross_device_ops = extended._collective_ops  # noqa: SLF001
 
 
 def ps_num_workers(strategy: tf.distribute.Strategy) -> int:

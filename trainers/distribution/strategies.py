@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from orbitask.trainers import compat
 from orbitask.trainers.distribution import slurm
 from orbitask.trainers.errors import ConfigError
 
@@ -17,13 +18,19 @@ def build_strategy(strategy: str | tf.distribute.Strategy = "auto") -> tf.distri
     `mirrored`: all GPUs, else all logical CPU devices (`trainers.logical_cpus`;
     `official.common.distribute_utils` would ignore logical CPUs). `one_device`: the first GPU,
     else the CPU. `multi_worker_mirrored` reads TF_CONFIG, or SLURM's environment
-    (`trainers.distribution.slurm`).
+    (`trainers.distribution.slurm`). A `MirroredStrategy`, given or built, gets collective keys
+    no other strategy in the process uses (`compat.own_collective_keys`).
 
     Raises:
       ConfigError: for an unknown name, or parameter_server without a cluster in TF_CONFIG.
     """
-    if isinstance(strategy, tf.distribute.Strategy):
-        return strategy
+    built = strategy if isinstance(strategy, tf.distribute.Strategy) else _build(strategy)
+    compat.own_collective_keys(built)  # a MirroredStrategy numbers its collectives apart
+    return built
+
+
+def _build(strategy: str) -> tf.distribute.Strategy:
+    """The strategy of that name (`build_strategy`)."""
     if strategy not in NAMES:
         raise ConfigError(
             f"`strategy` must be a tf.distribute.Strategy or one of {', '.join(NAMES)}; "
