@@ -62,17 +62,20 @@ def _train(task, model_dir, steps, **kwargs):
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_the_last_save_is_complete_when_run_experiment_returns(tmp_path):
     _train(Wide(), tmp_path, 6)
     _complete(tmp_path, 6)
 
 
+@pytest.mark.slow
 def test_the_last_save_is_complete_when_the_run_raises(tmp_path):
     with pytest.raises(RuntimeError, match="stopped at step 5"):
         _train(FailAt(5), tmp_path, 10)
     _complete(tmp_path, 4)
 
 
+@pytest.mark.slow
 def test_a_process_that_exits_right_after_its_final_save_leaves_it_complete(tmp_path):
     model_dir = tmp_path / "run"
     extra = [

@@ -14,6 +14,7 @@ from tests.helpers import TinyTask
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_tiny_benchmark_prints_the_table(tmp_path):
     report = tmp_path / "report.md"
     proc = subprocess.run(
@@ -52,6 +53,7 @@ def _assert_variants(lines: list[str], names: list[str]) -> None:
         assert line.startswith(name) and "steps/s" in line, line
 
 
+@pytest.mark.slow
 def test_overhead_benchmark_times_every_variant_on_one_iterator():
     lines = _benchmark_lines("overhead.py", "--rounds=3", "--steps_per_call=10")
     assert lines[0] == "mlp: 3 rounds of 10 steps per variant, one shared iterator"
@@ -82,6 +84,7 @@ def _loss(tmp_path, name, **kwargs):
     return logs["train"]["loss"]
 
 
+@pytest.mark.slow
 def test_jit_compile_trains_like_the_default_step(tmp_path):
     plain = _loss(tmp_path, "plain", strategy="one_device")
     assert _loss(tmp_path, "xla", strategy="one_device", jit_compile=True) == pytest.approx(
@@ -103,6 +106,7 @@ for name, jit in (("plain", False), ("xla", True)):
 """
 
 
+@pytest.mark.slow
 def test_jit_compile_hands_the_train_step_to_xla(tmp_path):
     """XLA dumps every module it compiles (XLA_FLAGS, read when TensorFlow starts)."""
     dump = tmp_path / "xla_dump"
@@ -128,6 +132,7 @@ def test_jit_compile_on_logical_cpu_replicas_is_refused(tmp_path):
         _loss(tmp_path, "xla2", strategy="mirrored", jit_compile=True)
 
 
+@pytest.mark.slow
 def test_loop_length_benchmark_times_short_and_long_loops_on_one_iterator():
     lines = _benchmark_lines("loop_length.py", "--rounds=2", "--long=200")
     assert lines[0] == "mlp: 2 rounds of 200 steps per variant, one iterator"
@@ -143,6 +148,7 @@ def test_loop_length_benchmark_times_short_and_long_loops_on_one_iterator():
     assert lines[7].startswith("orbitask, one 200-step loop / hand-written loop, 200 steps/call")
 
 
+@pytest.mark.slow
 def test_eval_cost_benchmark_prints_orbitask_against_keras_evaluate():
     lines = _benchmark_lines("eval_cost.py", "--quick", "--workloads", "mlp")
     assert lines[0].startswith("| workload | orbitask ms/step | Keras spe=1 | Keras spe=50 |")
@@ -156,6 +162,7 @@ def test_eval_cost_benchmark_prints_orbitask_against_keras_evaluate():
     assert math.isfinite(float(cells[5]))
 
 
+@pytest.mark.slow
 def test_input_positions_benchmark_prints_bytes_for_each_input_style():
     lines = _benchmark_lines("input_positions.py", "--quick")
     assert lines[0].startswith("300 JPEG records of ")
@@ -169,6 +176,7 @@ def test_input_positions_benchmark_prints_bytes_for_each_input_style():
     assert lines[-1].startswith("input CPU for 20 steps of 2 replicas: one process ")
 
 
+@pytest.mark.slow
 def test_checkpoint_stall_benchmark_prints_sync_and_async_stalls():
     lines = _benchmark_lines("checkpoint_stall.py", "--quick")
     assert any(line.startswith("checkpoint of ") for line in lines)
@@ -181,6 +189,7 @@ def test_checkpoint_stall_benchmark_prints_sync_and_async_stalls():
     assert lines[-1] == "Command: `.venv/bin/python benchmarks/checkpoint_stall.py --quick`"
 
 
+@pytest.mark.slow
 def test_damage_table_benchmark_prints_a_row_per_case():
     lines = _benchmark_lines("damage_table.py", "--cases", "garbled")
     assert lines[0].startswith("case ") and "| work lost |" in lines[0]

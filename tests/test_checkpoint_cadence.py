@@ -40,6 +40,7 @@ class KeepsTwo(TinyTask):
         return checkpoint, tf.train.CheckpointManager(checkpoint, directory, max_to_keep=2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "task, setting", [(TinyTask(), 2), (KeepsTwo(), None)], ids=["setting", "task_manager"]
 )

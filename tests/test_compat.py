@@ -26,6 +26,7 @@ class _Adapter(Controller):
     """orbitask's Controller with none of its own options: it must be Orbit's."""
 
 
+@pytest.mark.slow
 def test_orbits_own_controller_test_passes_against_the_controller(monkeypatch):
     monkeypatch.setattr(orbit.controller_test.controller, "Controller", _Adapter)
     suite = unittest.defaultTestLoader.loadTestsFromModule(orbit.controller_test)

@@ -85,6 +85,7 @@ def _truncate(path):
     path.write_bytes(data[: len(data) // 2])
 
 
+@pytest.mark.slow
 def test_truncated_data_of_the_final_checkpoint_is_retrained_and_replaced(
     tmp_path, capsys, reference
 ):
@@ -146,6 +147,7 @@ STATE_DAMAGE = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", list(STATE_DAMAGE))
 def test_damaged_state_file_resumes_from_the_checkpoint_files(tmp_path, capsys, reference, damage):
     _run(tmp_path, 20)
@@ -206,6 +208,7 @@ class OneMoreLayer(TinyTask):
         return k.Sequential([k.Input((6,)), *model.layers, k.layers.Dense(3)])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flavour", ["keras", "tf_keras"])
 def test_a_model_with_one_more_layer_is_refused(tmp_path, flavour):
     _run(tmp_path, 10, TinyTask(flavour=flavour))

@@ -194,6 +194,7 @@ class ExtraLogs(TinyTask):
         return {**logs, "seven": tf.constant(7, tf.int32), "pair": pair}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("steps", [1, 23])
 def test_a_recording_loop_returns_the_last_steps_logs_like_a_plain_one(tmp_path, steps):
     # A loop that records each step's logs for deferred callbacks returns the same last logs.

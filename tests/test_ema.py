@@ -1,6 +1,7 @@
 """EMA of weights: exact averages, evaluation with them, training on the raw weights."""
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from orbitask.trainers import ExponentialMovingAverage, ValidationControl, run_experiment
@@ -86,6 +87,7 @@ def test_best_checkpoint_export_holds_the_averaged_weights(tmp_path):
         np.testing.assert_array_equal(got, raw)
 
 
+@pytest.mark.slow
 def test_a_resumed_run_continues_the_averages(tmp_path):
     """3 steps, then a resume to 6: the shadows restored from the checkpoint go on averaging, as
     in an uninterrupted run (shadows started afresh from the resumed weights would differ)."""

@@ -8,6 +8,7 @@ input, and read into the epoch after next: every batch equals the user's pipelin
 """
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from orbitask import Task
@@ -81,6 +82,7 @@ def _resumes(task, tmp_path) -> list[tuple[int, int]]:
     return wrong
 
 
+@pytest.mark.slow
 def test_a_shuffled_input_saved_around_epoch_boundaries_resumes_in_the_same_order(tmp_path):
     assert _resumes(ShuffledIds(prefetch=False), tmp_path) == []
     assert _resumes(ShuffledIds(prefetch=True), tmp_path) == []

@@ -70,6 +70,7 @@ def _same_weights(a, b, rtol=1e-6):
         np.testing.assert_allclose(b[name], a[name], rtol=rtol, atol=1e-6, err_msg=name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
 def test_epochs_train_as_the_repeated_dataset_for_their_steps(tmp_path, capsys, strategy):
     step, epochs = _train(
@@ -99,6 +100,7 @@ def test_a_run_killed_mid_way_resumes_exactly(tmp_path):
     _same_weights(full, resumed)
 
 
+@pytest.mark.slow
 def test_an_indexed_input_counts_its_examples(tmp_path):
     # 2 epochs of 50 examples in steps of 8: ceil(100 / 8) = 13 steps.
     step, epochs = _train(Indexed(n=50), tmp_path / "epochs", train_steps=None, train_epochs=2)

@@ -53,6 +53,7 @@ USER_TASK = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_the_binary_prints_the_users_traceback_and_exits_1(tmp_path):
     (tmp_path / "buggy_task.py").write_text(USER_TASK)
     (tmp_path / "buggy.gin").write_text(
@@ -71,6 +72,7 @@ def test_the_binary_prints_the_users_traceback_and_exits_1(tmp_path):
     assert "orbitask: error:" not in result.stderr
 
 
+@pytest.mark.slow
 def test_a_configuration_mistake_is_one_line_and_exit_2(tmp_path):
     env = dict(os.environ, PYTHONPATH=REPO, CUDA_VISIBLE_DEVICES="")
     result = subprocess.run(
@@ -97,6 +99,7 @@ class Finite(TinyTask):
         return ds.batch(per_replica_batch_size, drop_remainder=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("steps_per_loop", [5, 100])
 def test_a_dataset_that_ends_early_names_the_step_after_saving(tmp_path, steps_per_loop):
     task = Finite(n=128)

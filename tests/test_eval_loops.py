@@ -47,6 +47,7 @@ def _evaluate(task, tmp_path, strategy, eval_steps=None):
     return logs["eval"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
 @pytest.mark.parametrize("eval_steps", [None, 4])
 def test_a_device_loop_evaluates_like_step_by_step(tmp_path, strategy, eval_steps):
@@ -90,6 +91,7 @@ class MeanLossStepByStep(MeanLoss, StepByStep):
     pass
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
 def test_a_mean_per_step_is_averaged_over_replicas_and_steps_alike(tmp_path, strategy):
     device = _evaluate(MeanLoss(), tmp_path, strategy)
@@ -116,6 +118,7 @@ class PerExample(Unsized):
         return {"count": float(len(aggregated_logs)), "mean": float(np.mean(aggregated_logs))}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
 def test_a_python_side_reduction_gets_every_examples_output(tmp_path, strategy):
     task = PerExample()

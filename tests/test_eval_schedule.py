@@ -195,6 +195,7 @@ def _assert_as_reference(reference, model_dir, stop):
     faults.assert_identical(ref_best, best)
 
 
+@pytest.mark.slow
 def test_killed_between_evaluations_resumes_on_the_same_schedule(reference, tmp_path):
     """Killed after step 20, before its save: resumed from step 19, it evaluates at 20, 22, ...
     (not 21, 23, ...)."""
@@ -208,6 +209,7 @@ def test_killed_between_evaluations_resumes_on_the_same_schedule(reference, tmp_
     _assert_as_reference(reference, model_dir, _run(model_dir))
 
 
+@pytest.mark.slow
 def test_killed_during_an_evaluation_evaluates_again_on_resume(reference, tmp_path):
     """Killed inside the evaluation of step 22, after the checkpoint of step 22 was saved."""
     model_dir = tmp_path / "killed"

@@ -110,6 +110,7 @@ def train_with_gin(model_dir, *params):
     assert status == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flavour", ["keras", "tf_keras"])
 def test_export_command_writes_the_latest_checkpoints_model(tmp_path, capsys, flavour):
     """`orbitask export --model_dir=D` alone: the task from D's operative config."""
@@ -128,6 +129,7 @@ def test_export_command_writes_the_latest_checkpoints_model(tmp_path, capsys, fl
     assert not np.allclose(outputs, task.build_model()(X).numpy(), atol=1e-3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "flavour, strategy",
     [("keras", "one_device"), ("tf_keras", "mirrored")],
@@ -162,6 +164,7 @@ def test_export_at_end_is_off_by_default(tmp_path):
     assert "export" not in logs and not (tmp_path / "export").exists()
 
 
+@pytest.mark.slow
 def test_ema_exports_the_averages_at_the_end_and_with_the_option(tmp_path):
     run = tmp_path / "run"
     ema = ["orbitask.run_experiment.ema = @orbitask.ExponentialMovingAverage()"]
@@ -187,6 +190,7 @@ def test_ema_exports_the_averages_at_the_end_and_with_the_option(tmp_path):
     assert not np.allclose(raw, averaged, atol=1e-3)
 
 
+@pytest.mark.slow
 def test_best_option_exports_the_best_checkpoint(tmp_path):
     """With the loss as a higher-is-better metric the first evaluation stays the best."""
     run, experiment = tmp_path / "run", tmp_path / "tiny.gin"
@@ -221,6 +225,7 @@ def _gin_run(model_dir, experiment, *params):
     return task
 
 
+@pytest.mark.slow
 def test_a_dict_of_models_exports_one_saved_model_per_model(tmp_path):
     run = tmp_path / "run"
     task = _gin_run(run, "digits_gan.gin")
@@ -243,6 +248,7 @@ def test_a_dict_of_models_exports_one_saved_model_per_model(tmp_path):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_model_without_input_layers_takes_what_evaluation_gives_it(tmp_path):
     """MultiTask's model is a subclassed model of a dict `{task: inputs}` (after input_pre)."""
     run = tmp_path / "run"
@@ -276,6 +282,7 @@ class NoInputTask(ExportTinyTask):
         return self.model
 
 
+@pytest.mark.slow
 def test_a_model_without_input_layers_gets_a_free_batch_dimension(tmp_path):
     run = tmp_path / "run"
     train_with_gin(run, "TASK = @NoInputTask()")
@@ -301,6 +308,7 @@ class TwoInputTask(TinyTask):
         return keras.Model({"a": a, "b": b}, keras.layers.Dense(3)(joined))
 
 
+@pytest.mark.slow
 def test_a_model_of_several_inputs_takes_them_by_name(tmp_path):
     task = TwoInputTask()
     model = task.build_model()

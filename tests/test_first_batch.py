@@ -5,6 +5,7 @@
 
 import gin
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from orbitask.trainers import run_experiment
@@ -68,6 +69,7 @@ def test_one_process_trains_first_on_the_pipelines_first_batch(tmp_path):
     assert trained(checkpoint_weights(Reshuffled(), tmp_path), 4) == first
 
 
+@pytest.mark.slow
 def test_two_workers_train_first_on_each_pipelines_first_batch(tmp_path):
     """Each worker checks, before step 1, that its input is sharded (`warn_if_unsharded`); the
     step still trains on each shard's first batch."""

@@ -34,6 +34,7 @@ def _train(model_dir, flavour, width):
     )  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "first, second",
     [("keras", "keras"), ("keras", "tf_keras"), ("tf_keras", "keras"), ("tf_keras", "tf_keras")],

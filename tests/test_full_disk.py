@@ -37,6 +37,7 @@ def small_disk(tmp_path):
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("async_checkpoints", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("shuffle_buffer", ["None", "512"], ids=["indexed", "tf.data"])
 def test_a_full_disk_stops_the_run_with_one_line_and_keeps_the_previous_checkpoint(
@@ -74,6 +75,7 @@ def test_a_full_disk_stops_the_run_with_one_line_and_keeps_the_previous_checkpoi
             reader.get_tensor(name)
 
 
+@pytest.mark.slow
 def test_a_full_disk_on_the_chief_of_two_workers_saving_asynchronously_stops_the_job(
     small_disk, tmp_path
 ):
@@ -123,6 +125,7 @@ def _one_error(stderr: str) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["histograms", "scalars", "one-disk"])
 def test_full_disk_for_summaries_saves_the_steps_taken_and_stops_with_one_line(
     small_disk, tmp_path, capsys, case

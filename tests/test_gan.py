@@ -55,6 +55,7 @@ def uninterrupted(tmp_path_factory):
     return model_dir, _run(model_dir, 8)
 
 
+@pytest.mark.slow
 def test_both_optimizers_are_checkpointed(uninterrupted):
     model_dir, task = uninterrupted
     assert [s for s, _ in task.recorder.calls] == list(range(1, 9))
@@ -66,6 +67,7 @@ def test_both_optimizers_are_checkpointed(uninterrupted):
         assert len(slots) >= 8, f"{key}: Adam's m and v of 4 variables expected; got {slots}"
 
 
+@pytest.mark.slow
 def test_stop_and_restart_continues_both_optimizers(tmp_path, uninterrupted):
     full_dir, full = uninterrupted
     _run(tmp_path, 4)

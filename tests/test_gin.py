@@ -224,6 +224,7 @@ def bad_runs(tmp_path_factory):
     return root, results
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, args, fragments", BAD_RUNS, ids=[case[0] for case in BAD_RUNS])
 def test_binary_reports_bad_config_in_one_line(bad_runs, name, args, fragments):
     root, results = bad_runs
@@ -236,6 +237,7 @@ def test_binary_reports_bad_config_in_one_line(bad_runs, name, args, fragments):
     assert not (root / name).exists()  # stopped before any work
 
 
+@pytest.mark.slow
 def test_console_script_is_the_same_binary(bad_runs):
     _, results = bad_runs
     if "console_script" not in results:
@@ -245,6 +247,7 @@ def test_console_script_is_the_same_binary(bad_runs):
     assert _error_line(script) == _error_line(module)
 
 
+@pytest.mark.slow
 def test_binary_trains_evaluates_and_writes_its_outputs(tmp_path):
     model_dir = tmp_path / "digits"
     result = _binary(

@@ -10,6 +10,7 @@ import os
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from orbitask import DigitsClassification, IndexedInput, Task
@@ -112,6 +113,7 @@ def test_n_replicas_see_the_batches_one_device_sees():
     np.testing.assert_array_equal(later, np.concatenate(whole)[40:48])
 
 
+@pytest.mark.slow
 def test_a_seeded_map_gets_the_same_seed_for_the_same_example_after_a_restart():
     def augment(example, seed):
         return example + tf.random.stateless_uniform([], seed, maxval=1000, dtype=tf.int64) * 100

@@ -34,6 +34,7 @@ def _port(pid: int) -> int:
     return int(address.rsplit(":", 1)[1])
 
 
+@pytest.mark.slow
 def test_the_workers_ports_are_reachable_from_the_jobs_loopback_only(tmp_path):
     flags = launching.train_flags(tmp_path / "model", 200)
     proc = launching.start(["--workers", "2"], flags, tmp_path)
@@ -93,6 +94,7 @@ print("isolated as", os.getuid())
 """
 
 
+@pytest.mark.slow
 def test_a_user_other_than_root_gets_a_user_and_network_namespace():
     """Not root, the launcher takes a user namespace with its network namespace; the test runs
     where the kernel lets an unprivileged user make them (util-linux `unshare -Urn` tells)."""

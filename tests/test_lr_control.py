@@ -24,6 +24,7 @@ def _weights(model_dir):
     return checkpoint_weights(Rec(l2=0.05), model_dir)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
 def test_accumulating_k_batches_equals_one_batch_k_times_larger(tmp_path, strategy):
     common = dict(mode="train", learning_rate=0.05, progress=False, strategy=strategy)

@@ -33,6 +33,7 @@ class Rec(TinyTask):
         return {1: self.rec}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flavour", ["keras", "tf_keras"])
 @pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
 def test_mixed_precision_trains_with_float32_weights(tmp_path, flavour, policy):

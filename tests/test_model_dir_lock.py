@@ -8,6 +8,7 @@ import signal
 import stat
 import tempfile
 
+import pytest
 import tensorflow as tf
 
 from orbitask.trainers import run_experiment
@@ -18,6 +19,7 @@ from tests import faults
 from tests.helpers import TinyTask
 
 
+@pytest.mark.slow
 def test_second_run_is_refused_and_a_killed_runs_lock_is_taken_over(tmp_path, capsys):
     model = tmp_path / "model"
     first = faults.start(faults.command(model, steps=100000))

@@ -294,6 +294,7 @@ def test_default_optimizer_and_initialize_on_a_fresh_run_only(tmp_path, capsys):
     assert again.initialized == 0  # resumed: the checkpoint's weights are kept
 
 
+@pytest.mark.slow
 def test_classifier_trains_the_same_weights_on_one_device_and_two_replicas(tmp_path):
     """base_task's own train_step on two replicas (each divides its mean loss by 2, the optimizer
     sums) trains one device's weights; evaluation is one device loop whose loss is the mean."""
@@ -427,6 +428,7 @@ def test_gin_binds_a_model_garden_task_and_its_experiment(tmp_path):
     assert np.isfinite(logs["train"]["loss"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "cluster, strategy",
     [(["--ps", "1"], "ParameterServerStrategy"), ([], "CollectiveAllReduceStrategy")],

@@ -90,6 +90,7 @@ def runs(tmp_path_factory):
     return data_path, ours, logs["eval"], theirs, mg_logs
 
 
+@pytest.mark.slow
 def test_model_gardens_eval_mode_evaluates_an_orbitask_model_dir(runs, tmp_path):
     """`train_lib.run_experiment(mode="eval")` on orbitask's model_dir restores the trained
     weights (its `model` and `global_step`) and gives orbitask's eval numbers."""
@@ -143,6 +144,7 @@ def test_orbitask_evaluates_a_model_garden_model_dir(runs, tmp_path, capsys):
     assert f"resumed from {tmp_path / 'theirs' / 'ckpt-4'} (step 4)" in out
 
 
+@pytest.mark.slow
 def test_a_model_garden_checkpoint_of_another_model_is_refused_in_one_line(runs, tmp_path):
     """A checkpoint as Model Garden's trainer writes it, of a 2-layer encoder, in the model_dir
     of this 1-layer one: one line naming it and what it holds that this run lacks."""
@@ -164,6 +166,7 @@ def test_a_model_garden_checkpoint_of_another_model_is_refused_in_one_line(runs,
         )
 
 
+@pytest.mark.slow
 def test_orbitask_resumes_a_model_garden_model_dir_as_model_garden_does(runs, tmp_path, capsys):
     """Resumed to step 6 from `train_lib`'s checkpoint at step 4, orbitask trains the weights
     that Model Garden's own resume trains: model, optimizer (momentum) and step are restored,

@@ -130,6 +130,7 @@ def bert(tmp_path_factory):
     return data_path, model_dir, checkpoint_weights(bert_task(data_path), model_dir)
 
 
+@pytest.mark.slow
 def test_bert_dropout_draws_the_same_masks_whatever_the_loop_lengths(bert, tmp_path, capsys):
     """Loops of 5 steps cut by checkpoints every 3 steps (loops of 3, 3, 3, 1) train the
     weights of loops of one step, bit for bit; the dropout generators are in the checkpoint
@@ -156,6 +157,7 @@ def _stop_and_resume(data_path, model_dir, attention_dropout: float = 0.1) -> st
     return checkpoint_weights(bert_task(data_path, attention_dropout), model_dir)
 
 
+@pytest.mark.slow
 def test_bert_without_attention_dropout_resumes_bit_for_bit(tmp_path, capsys):
     """Dropout 0.1 on the embeddings, the attention output, the feed-forward output and the
     classifier's input (attention probabilities not dropped): stopped at step 4 and resumed
@@ -175,6 +177,7 @@ def test_bert_without_attention_dropout_resumes_bit_for_bit(tmp_path, capsys):
     assert DRAWS not in out  # the step holds no stateful random op
 
 
+@pytest.mark.slow
 def test_bert_stopped_and_resumed_equals_the_uninterrupted_run(bert, tmp_path, capsys):
     """With BERT's attention dropout as well (0.1): the generator of the Dropout inside the
     MultiHeadAttention of the TransformerEncoderBlock (nine levels down) is saved too."""
@@ -184,6 +187,7 @@ def test_bert_stopped_and_resumed_equals_the_uninterrupted_run(bert, tmp_path, c
     _assert_same(expected, resumed)
 
 
+@pytest.mark.slow
 def test_bert_trains_model_gardens_own_train_lib_weights(bert, tmp_path):
     """Model Garden's `train_lib.run_experiment` (same ExperimentConfig, seeds set as
     orbitask's `seed=0` sets them, tf_keras' Generator RNG on while it runs, one-step loops in
@@ -292,6 +296,7 @@ def _warned_ops(out: str) -> list[str]:
     return [m.group(1) for line in out.splitlines() if (m := WARNING.match(line))]
 
 
+@pytest.mark.slow
 def test_resnet_with_its_default_augmentation_runs_warns_and_resumes_its_input(tmp_path, capsys):
     """The pipeline's stateful ops (the parser's random crop and flip) are named in one line
     and the run goes on; stopped at step 3 (mid-epoch: 4 batches an epoch) and resumed, the

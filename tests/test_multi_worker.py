@@ -41,6 +41,7 @@ def uninterrupted_buffered(tmp_path_factory):
     return _uninterrupted(tmp_path_factory.mktemp("mw_buffered"), BUFFERED)
 
 
+@pytest.mark.slow
 def test_two_workers_train_like_two_mirrored_replicas(uninterrupted, tmp_path):
     single = tmp_path / "single"
     command = [*faults.command(single, replicas=2, steps=STEPS), "--mode=train_and_eval"]
@@ -69,6 +70,7 @@ def test_two_workers_train_like_two_mirrored_replicas(uninterrupted, tmp_path):
     assert os.listdir(uninterrupted / "tmp") == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "extra", [(), BUFFERED, BUFFERED + ASYNC], ids=["indexed", "tf.data", "tf.data-async"]
 )
@@ -114,6 +116,7 @@ def test_killed_worker_restarts_the_job_which_resumes_exactly(
     assert [n for n in os.listdir(tmp_path / "tmp") if n.startswith("orbitask-")] == []
 
 
+@pytest.mark.slow
 def test_two_killed_workers_resume_on_one_process(uninterrupted, tmp_path):
     """Both workers killed with SIGKILL after a checkpoint; the job goes on as one process with
     two replicas and ends with the uninterrupted 2-worker run's weights: the IndexedInput
@@ -138,6 +141,7 @@ def test_two_killed_workers_resume_on_one_process(uninterrupted, tmp_path):
         np.testing.assert_allclose(resumed[name], workers[name], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_damaged_state_file_resumes_both_workers_from_the_same_checkpoint(
     uninterrupted, tmp_path
 ):

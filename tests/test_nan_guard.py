@@ -150,6 +150,7 @@ class WideNanAt(NanAt):
         return keras.Sequential([keras.Input((6,)), *wide, keras.layers.Dense(3)])
 
 
+@pytest.mark.slow
 def test_rollback_waits_for_the_async_save_under_way(tmp_path, capsys):
     """Steps 6 on go bad right after step 5's async save started: the rollback waits for it
     and goes back to ckpt-5 (not "no checkpoint to roll back to")."""

@@ -7,6 +7,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 USER_TASKS = textwrap.dedent(
@@ -58,6 +60,7 @@ def _run(args, **kwargs):
     return subprocess.run(args, capture_output=True, text=True, timeout=600, **kwargs)
 
 
+@pytest.mark.slow
 def test_a_plain_install_trains_from_a_user_directory_with_its_own_tasks_py(tmp_path):
     wheels, site, user = tmp_path / "wheels", tmp_path / "site", tmp_path / "user"
     built = _run(

@@ -39,6 +39,7 @@ def killed_worker_run(tmp_path_factory):
     return tmp, proc.returncode, killed_at
 
 
+@pytest.mark.slow
 def test_killing_a_worker_does_not_lose_the_job(killed_worker_run):
     tmp, status, killed_at = killed_worker_run
     text = launching.output(tmp)
@@ -60,6 +61,7 @@ def _eval_line(text):
     return re.findall(r"^\[chief\] orbitask: eval at step .*$", text, re.M)[-1]
 
 
+@pytest.mark.slow
 def test_the_job_resumes_from_its_checkpoint_and_evaluates(killed_worker_run, tmp_path):
     """The resumed job saves asynchronously: its final checkpoint holds the weights it
     evaluated at the end (evaluating the checkpoint again gives the same line) and the input

@@ -28,7 +28,9 @@ class KerasMean(Summed):
         return lambda pair: loss(pair[1], pair[0])
 
 
-@pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
+@pytest.mark.parametrize(
+    "strategy", ["one_device", pytest.param("mirrored", marks=pytest.mark.slow)]
+)
 def test_per_example_and_summed_losses_train_the_same(tmp_path, strategy):
     results = {}
     for cls in (Summed, PerExample, KerasMean):

@@ -59,12 +59,19 @@ def assert_same_run(run: Run, expected: Run, what: str) -> None:
         )
 
 
-@pytest.mark.parametrize("name", list(EXAMPLES))
+def _slow_unless(name, quick):
+    """The parameter `name`, marked slow unless it is in `quick`."""
+    return name if name in quick else pytest.param(name, marks=pytest.mark.slow)
+
+
+@pytest.mark.parametrize(
+    "name", [_slow_unless(n, ("keras_guide", "distributed_tutorial")) for n in EXAMPLES]
+)
 def test_port_reproduces_the_original(name):
     assert_same_run(port(name, 1), original(name), f"{name}: port on 1 device vs original")
 
 
-@pytest.mark.parametrize("name", list(EXAMPLES))
+@pytest.mark.parametrize("name", [_slow_unless(n, ("distributed_tutorial",)) for n in EXAMPLES])
 def test_two_replicas_train_like_one_device(name):
     kwargs = EXAMPLES[name][2]
     assert_same_run(

@@ -49,7 +49,7 @@ def _run(model_dir, where, steps):
     return [w.numpy() for w in task.model.weights]
 
 
-@pytest.mark.parametrize("where", ["task", "model"])
+@pytest.mark.parametrize("where", [pytest.param("task", marks=pytest.mark.slow), "model"])
 def test_a_seed_generators_state_is_resumed(tmp_path, where):
     full = _run(tmp_path / "full", where, 6)
     _run(tmp_path / "split", where, 3)

@@ -154,6 +154,7 @@ def test_matches_expected_keeps_the_number_format():
     assert not matches_expected(line, "eval at step 1000: loss 0.1234, accuracy 0.9512")
 
 
+@pytest.mark.slow
 def test_main_command_prints_what_the_readme_shows(tmp_path):
     """The main command (the digits experiment, ~10 s) prints the README's expected lines, in
     order and in form, with an accuracy of at least 0.9."""
@@ -266,6 +267,7 @@ def test_docs_exist():
         assert guide in names, f"docs/{guide} is missing"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("document", DOCUMENTS, ids=_document_id)
 def test_document_runs(document, tmp_path):
     chosen = [b for b in blocks(document) if not _skipped(b)]

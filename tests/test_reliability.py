@@ -14,6 +14,7 @@ from tests import faults
 STEPS = 600
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_kill_9_then_restart_gives_bit_identical_weights(tmp_path, replicas):
     reference = tmp_path / "uninterrupted"
@@ -38,6 +39,7 @@ def test_kill_9_then_restart_gives_bit_identical_weights(tmp_path, replicas):
     faults.assert_identical(faults.final_state(reference), faults.final_state(model_dir))
 
 
+@pytest.mark.slow
 def test_two_fresh_deterministic_runs_are_identical(tmp_path):
     for name in ("a", "b"):
         done = faults.run(faults.command(tmp_path / name, 1, 60))
@@ -65,6 +67,7 @@ print("after", unseeded_random_allowed())
 """
 
 
+@pytest.mark.slow
 def test_a_seed_turns_on_op_determinism(tmp_path):
     """In a fresh process: op determinism is process-wide and cannot be turned off again."""
     cmd = [sys.executable, "-c", OP_DETERMINISM_PROBE, str(tmp_path / "run")]
@@ -74,6 +77,7 @@ def test_a_seed_turns_on_op_determinism(tmp_path):
     assert lines == ["before True", "after False"], done.stdout[-2000:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("async_checkpoints", [False, True], ids=["sync", "async"])
 def test_sigterm_saves_exits_75_and_resumes_exactly(tmp_path, async_checkpoints):
     # No interval saves: the only checkpoint before the end is SIGTERM's.
@@ -101,6 +105,7 @@ def test_sigterm_saves_exits_75_and_resumes_exactly(tmp_path, async_checkpoints)
     faults.assert_identical(faults.final_state(reference), faults.final_state(model_dir))
 
 
+@pytest.mark.slow
 def test_corrupt_latest_checkpoint_falls_back_and_keeps_files(tmp_path):
     model_dir = tmp_path / "run"
     assert faults.run(faults.command(model_dir, 1, 60)).returncode == 0
@@ -121,6 +126,7 @@ def test_corrupt_latest_checkpoint_falls_back_and_keeps_files(tmp_path):
     assert "step 50: loss" in resumed.stdout
 
 
+@pytest.mark.slow
 def test_checkpoint_of_another_model_names_variable_and_shapes(tmp_path):
     model_dir = tmp_path / "run"
     assert faults.run(faults.command(model_dir, 1, 20)).returncode == 0

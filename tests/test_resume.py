@@ -50,6 +50,7 @@ def _state(model_dir):
     return {n: reader.get_tensor(n) for n in names}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flavour", ["keras", "tf_keras"])
 @pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
 @pytest.mark.parametrize("async_checkpoints", [False, True], ids=["sync", "async"])
@@ -91,6 +92,7 @@ def test_plain_tensorflow_restores_the_model_from_train_model(tmp_path):
     assert any(not np.array_equal(a, b) for a, b in pairs)  # the trained weights, not the initial
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stop_at", [1, 2, 3, 4, 5, 6])
 def test_a_restart_in_the_first_steps_is_bit_identical_with_tf_keras_nadam(tmp_path, stop_at):
     """tf_keras' Nadam keeps a Python counter in its traced update; a step traced first in a

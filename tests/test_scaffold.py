@@ -25,6 +25,7 @@ def _orbitask():
     )
 
 
+@pytest.mark.slow
 def test_new_writes_a_task_and_an_experiment_that_train(tmp_path, capsys):
     project = tmp_path / "project"
     assert cli.main(["new", "flowers", f"--dir={project}"]) == 0

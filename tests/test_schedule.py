@@ -2,6 +2,7 @@
 where device loops end, and that a run's periodic work is entries of one schedule."""
 
 import orbit
+import pytest
 
 from orbitask import NanGuard, run_experiment
 from orbitask.trainers.actions.schedule import Periodic, Schedule
@@ -137,6 +138,7 @@ def test_a_new_periodic_feature_is_one_entry_of_the_controllers_schedule():
     assert names[0][-1] == "evaluation" and "evaluation" not in controller.schedule.names
 
 
+@pytest.mark.slow
 def test_a_runs_periodic_work_is_the_controllers_schedule(tmp_path, monkeypatch):
     built = []
 

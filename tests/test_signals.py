@@ -120,6 +120,7 @@ def trained(tmp_path_factory):
     return model_dir
 
 
+@pytest.mark.slow
 def test_train_saves_at_the_stop_step_and_repeats_keep_75(tmp_path):
     model_dir = tmp_path / "run"
     cmd = command(model_dir, "train")
@@ -135,6 +136,7 @@ def test_train_saves_at_the_stop_step_and_repeats_keep_75(tmp_path):
     assert saved in preempted_line(output)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["eval", "continuous_eval"])
 def test_evaluating_stops_after_the_evaluation_without_a_checkpoint(tmp_path, trained, mode):
     model_dir, marker = tmp_path / "run", tmp_path / "marker"
@@ -148,6 +150,7 @@ def test_evaluating_stops_after_the_evaluation_without_a_checkpoint(tmp_path, tr
     assert (checkpoints_in(model_dir), (model_dir / "checkpoint").read_text()) == before
 
 
+@pytest.mark.slow
 def test_continuous_eval_waiting_for_a_checkpoint_stops_at_once(tmp_path, trained):
     model_dir, marker = tmp_path / "run", tmp_path / "marker"
     shutil.copytree(trained, model_dir)
@@ -165,6 +168,7 @@ def test_continuous_eval_waiting_for_a_checkpoint_stops_at_once(tmp_path, traine
     assert checkpoints_in(model_dir) == checkpoints_in(trained)
 
 
+@pytest.mark.slow
 def test_train_and_eval_saves_after_the_evaluation_and_resumes_exactly(tmp_path, trained):
     model_dir, marker = tmp_path / "run", tmp_path / "marker"
     # An interval save at 20 precedes the evaluation: SIGTERM's save must still record it.
@@ -210,6 +214,9 @@ def test_sigterm_after_an_earlier_interval_save_saves_the_stop_step(tmp_path):
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-7")
-    assert tf.train.load_checkpoint(str(tmp_path / "ckpt-7")).get_tensor(
-        "step/.ATTRIBUTES/VARIABLE_VALUE"
-    ) == 7
+    assert (
+        tf.train.load_checkpoint(str(tmp_path / "ckpt-7")).get_tensor(
+            "step/.ATTRIBUTES/VARIABLE_VALUE"
+        )
+        == 7
+    )

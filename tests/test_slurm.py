@@ -8,6 +8,8 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from tests import faults, launching
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -42,6 +44,7 @@ def _slurm_env(rank: int, port: int, tmp) -> dict:
     return env
 
 
+@pytest.mark.slow
 def test_the_cluster_comes_from_slurms_environment():
     code = (
         "import json; from orbitask.trainers.distribution import slurm; "
@@ -59,6 +62,7 @@ def test_the_cluster_comes_from_slurms_environment():
     }
 
 
+@pytest.mark.slow
 def test_two_slurm_tasks_train_as_two_workers(tmp_path):
     port = _two_free_ports()
     model = tmp_path / "model"

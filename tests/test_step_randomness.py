@@ -54,6 +54,7 @@ def _assert_equal(a, b):
         np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flavour,noise", [("tf_keras", False), ("keras", False), ("keras", True)])
 def test_loop_lengths_do_not_change_the_draws(tmp_path, flavour, noise):
     one = _run(tmp_path / "one", Dropped(noise, flavour=flavour), 17, steps_per_loop=1)
@@ -62,6 +63,7 @@ def test_loop_lengths_do_not_change_the_draws(tmp_path, flavour, noise):
         _assert_equal(one, other)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flavour", ["tf_keras", "keras"])
 @pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
 def test_dropout_resumes_exactly(tmp_path, flavour, strategy):
@@ -106,6 +108,7 @@ class Augmented(TinyTask):
         return dataset.batch(per_replica_batch_size, drop_remainder=training)
 
 
+@pytest.mark.slow
 def test_a_stateful_op_in_the_input_runs_and_is_named(tmp_path, capsys):
     _run(tmp_path, Augmented(l2=0.0), 8, steps_per_loop=2)
     lines = [line for line in capsys.readouterr().out.splitlines() if "stateful ops" in line]

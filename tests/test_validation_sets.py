@@ -77,6 +77,7 @@ def _scalars(directory) -> dict:
     return points
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "strategy, task_cls, eval_steps",
     [("one_device", TwoSets, None), ("mirrored", Gathered, 3)],

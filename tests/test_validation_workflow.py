@@ -99,6 +99,7 @@ def _go_back():
     return ValidationControl(metric="score", go_back=True, early_stop_patience=3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy, killed", [("one_device", True), ("mirrored", False)])
 def test_go_back_restores_the_best_and_a_killed_run_resumes_exactly(tmp_path, strategy, killed):
     """Uninterrupted on 1 device and 2 replicas; killed and resumed on 1 device (a resume on
