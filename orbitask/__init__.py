@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # what editors and type checkers read; at runtime each name l
     from orbitask.trainers.distribution.strategies import logical_cpus as logical_cpus
     from orbitask.trainers.engine.trainer import TaskTrainer as TaskTrainer
     from orbitask.trainers.errors import ConfigError as ConfigError
+    from orbitask.trainers.errors import Interrupted as Interrupted
     from orbitask.trainers.errors import NonFiniteLossError as NonFiniteLossError
     from orbitask.trainers.errors import Preempted as Preempted
     from orbitask.trainers.features.ema import ExponentialMovingAverage as ExponentialMovingAverage

@@ -41,7 +41,7 @@ SETUP_COMMANDS = {
     "<!-- main-command -->": 'python3 -m venv .venv && .venv/bin/pip install -q -e ".[dev]" && '
     ".venv/bin/orbitask --gin_file=experiments/digits.gin --model_dir=runs/digits",
     "<!-- test-command -->": 'python3 -m venv .venv && .venv/bin/pip install -q -e ".[dev]" && '
-    ".venv/bin/python -m pytest tests",
+    ".venv/bin/python -m pytest tests --durations=25",
 }
 CLUSTER = re.compile(r"orbitask launch|TF_CONFIG")
 LANGUAGES = {"python", "gin", "bash", "sh", "text", ""}

@@ -1,4 +1,5 @@
-"""Nothing lost, nothing silent: kill -9 and SIGTERM resume exactly; determinism; corruption."""
+"""Nothing lost, nothing silent: kill -9, SIGTERM and Ctrl-C resume exactly; determinism;
+corruption."""
 
 import random
 import re
@@ -97,6 +98,37 @@ def test_sigterm_saves_exits_75_and_resumes_exactly(tmp_path, async_checkpoints)
     assert 0 < stopped < STEPS
     saved = f"{model_dir}/ckpt-{stopped}"
     assert f"SIGTERM received: saved checkpoint {saved} at step {stopped};" in output
+    assert tf.train.latest_checkpoint(str(model_dir)) == saved
+
+    resumed = faults.run(cmd)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"resumed from {saved} (step {stopped})" in resumed.stdout
+    faults.assert_identical(faults.final_state(reference), faults.final_state(model_dir))
+
+
+@pytest.mark.slow
+def test_ctrl_c_saves_exits_130_in_one_line_and_resumes_exactly(tmp_path):
+    """SIGINT, as a terminal's Ctrl-C sends it, to the real binary: it stops after the device
+    loop under way, saves, says so in one line without a traceback and exits 130; the same
+    command resumes to the weights of an uninterrupted run."""
+    extra = ["orbitask.run_experiment.checkpoint_interval=1000"]
+    reference = tmp_path / "uninterrupted"
+    assert faults.run(faults.command(reference, 1, STEPS, extra)).returncode == 0
+
+    model_dir = tmp_path / "interrupted"
+    cmd = faults.command(model_dir, 1, STEPS, extra)
+    proc, output = faults.kill_after_line(cmd, random.Random(4), sig=signal.SIGINT)
+    assert proc.returncode == 130, output[-2000:]
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output[-3000:]
+    stopped = int(re.findall(r"^step (\d+): loss", output, re.MULTILINE)[-1])
+    assert 0 < stopped < STEPS
+    saved = f"{model_dir}/ckpt-{stopped}"
+    assert f"orbitask: Ctrl-C: saving step {stopped} (Ctrl-C again quits at once)" in output
+    lines = [x for x in output.splitlines() if x.startswith("orbitask: interrupted:")]
+    assert lines == [
+        f"orbitask: interrupted: SIGINT received: saved checkpoint {saved} at step {stopped}; "
+        "run the same command again to resume from it."
+    ], output[-3000:]
     assert tf.train.latest_checkpoint(str(model_dir)) == saved
 
     resumed = faults.run(cmd)

@@ -220,3 +220,35 @@ def test_sigterm_after_an_earlier_interval_save_saves_the_stop_step(tmp_path):
         )
         == 7
     )
+
+
+def test_ctrl_c_in_process_saves_raises_interrupted_and_a_second_one_quits_at_once(tmp_path):
+    """In-process (a notebook's interrupt): SIGINT during step 7's loop saves ckpt-7 and raises
+    `Interrupted`; from the first signal on, SIGINT has its default action (a second Ctrl-C
+    ends the process at once) and SIGTERM is ignored."""
+    from orbitask.trainers import Interrupted, Preempted, run_experiment
+    from tests.helpers import TinyTask
+
+    seen = {}
+
+    class CtrlCAt7(TinyTask):
+        def at_step(self):
+            def interrupt(task, ctx):
+                signal.raise_signal(signal.SIGINT)
+                seen["handlers"] = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+
+            return {7: interrupt}
+
+    previous = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(Interrupted, match=r"SIGINT received: saved checkpoint .*ckpt-7 at"):
+            run_experiment(
+                CtrlCAt7(), str(tmp_path), mode="train", train_steps=20, global_batch_size=8,
+                steps_per_loop=1, progress=False,
+            )  # fmt: skip
+    finally:
+        signal.signal(signal.SIGINT, previous[0])
+        signal.signal(signal.SIGTERM, previous[1])
+    assert issubclass(Interrupted, Preempted)
+    assert seen["handlers"] == (signal.SIG_DFL, signal.SIG_IGN)
+    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-7")

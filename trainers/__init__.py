@@ -9,6 +9,7 @@ if TYPE_CHECKING:  # what editors and type checkers read; at runtime each name l
     from orbitask.trainers.distribution.strategies import logical_cpus as logical_cpus
     from orbitask.trainers.engine.trainer import TaskTrainer as TaskTrainer
     from orbitask.trainers.errors import ConfigError as ConfigError
+    from orbitask.trainers.errors import Interrupted as Interrupted
     from orbitask.trainers.errors import NonFiniteLossError as NonFiniteLossError
     from orbitask.trainers.errors import Preempted as Preempted
     from orbitask.trainers.features.ema import ExponentialMovingAverage as ExponentialMovingAverage
@@ -26,6 +27,7 @@ __all__, __getattr__, __dir__ = exports(
         "build_strategy": "orbitask.trainers.distribution.strategies",
         "ConfigError": "orbitask.trainers.errors",
         "ExponentialMovingAverage": "orbitask.trainers.features.ema",
+        "Interrupted": "orbitask.trainers.errors",
         "learning_rate_schedule": "orbitask.trainers.features.learning_rate",
         "logical_cpus": "orbitask.trainers.distribution.strategies",
         "NanGuard": "orbitask.trainers.features.nan_guard",

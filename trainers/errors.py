@@ -2,7 +2,14 @@
 
 from orbitask.tasks.errors import ConfigError
 
-__all__ = ["ConfigError", "EarlyStop", "NoSpaceError", "NonFiniteLossError", "Preempted"]
+__all__ = [
+    "ConfigError",
+    "EarlyStop",
+    "Interrupted",
+    "NoSpaceError",
+    "NonFiniteLossError",
+    "Preempted",
+]
 
 
 class NoSpaceError(ConfigError):
@@ -15,6 +22,10 @@ class NonFiniteLossError(RuntimeError):
 
 class Preempted(RuntimeError):
     """The run received SIGTERM, saved a checkpoint and stopped; rerun to resume."""
+
+
+class Interrupted(Preempted):
+    """The run received SIGINT (Ctrl-C), saved a checkpoint and stopped; rerun to resume."""
 
 
 class EarlyStop(Exception):

@@ -1,4 +1,5 @@
-"""Preemption: on SIGTERM, stop at the next device-loop or evaluation boundary, then exit 75.
+"""Preemption and Ctrl-C: on SIGTERM or SIGINT, stop at the next device-loop or evaluation
+boundary, save, then exit 75 (SIGTERM) or 130 (SIGINT).
 
 Schedulers and spot machines send SIGTERM before killing a job. Python runs signal handlers only
 between device loops (the main thread is inside TensorFlow during one), so a run stops at most one
@@ -7,10 +8,11 @@ grown, `loop_seconds`), or the evaluation's loop of steps under way. A run that 
 checkpoint of that step first; the evaluation modes (`eval`, `continuous_eval`) write none, and
 `continuous_eval` waiting for a new checkpoint stops at once. The run then raises `Preempted`,
 which the binary turns into exit status 75 ("temporary failure: run the same command again to
-resume").
+resume"), or after SIGINT `Interrupted`, exit 130 with one line and no traceback.
 
-From the first signal on, the process ignores further ones (`SIG_IGN`, which also holds while the
-interpreter shuts down): a scheduler's repeated SIGTERM must not turn exit 75 into 143.
+From the first signal on, the process ignores further SIGTERMs (`SIG_IGN`, which also holds while
+the interpreter shuts down): a scheduler's repeated SIGTERM must not turn exit 75 into 143. A
+further SIGINT (a second Ctrl-C) ends the process at once (`SIG_DFL`), the save under way or not.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from collections.abc import Callable, Iterator
 
 from absl import logging
 
-from orbitask.trainers.errors import Preempted
+from orbitask.trainers.errors import Interrupted, Preempted
 
 
 class _SignalDuringWait(BaseException):
@@ -41,14 +43,14 @@ class PreemptionWatcher:
       current_step: returns the global step (after the last device loop).
       save: saves the training state at the current step, unless the newest checkpoint holds
         it, and returns that checkpoint's path; None where the run does not train.
-      signals: the signals that preempt the run.
+      signals: the signals that stop the run (SIGINT raises `Interrupted`).
     """
 
     def __init__(
         self,
         current_step: Callable[[], int],
         save: Callable[[], str] | None = None,
-        signals: tuple = (signal.SIGTERM,),
+        signals: tuple = (signal.SIGTERM, signal.SIGINT),
     ):
         self.current_step = current_step
         self.save = save
@@ -59,8 +61,9 @@ class PreemptionWatcher:
 
     def _handle(self, signum, frame):
         del frame
-        for sig in self.signals:  # the run is stopping: a repeat changes nothing
-            signal.signal(sig, signal.SIG_IGN)
+        for sig in self.signals:  # the run is stopping: a repeated SIGTERM changes nothing,
+            # a second Ctrl-C quits at once
+            signal.signal(sig, signal.SIG_DFL if sig == signal.SIGINT else signal.SIG_IGN)
         if self.received is None:
             self.received = signum
         if self._waiting:
@@ -87,19 +90,25 @@ class PreemptionWatcher:
         if self.received is None:
             return
         name, step = signal.Signals(self.received).name, self.current_step()
+        stop = Interrupted if self.received == signal.SIGINT else Preempted
         if self.save is None:
             message = (
                 f"{name} received: stopped after the evaluation at step {step} (evaluation "
                 "writes no checkpoint); run the same command again to go on evaluating."
             )
         else:
+            if stop is Interrupted:
+                print(
+                    f"orbitask: Ctrl-C: saving step {step} (Ctrl-C again quits at once)",
+                    flush=True,
+                )
             path = self.save()
             message = (
                 f"{name} received: saved checkpoint {path} at step {step}; run the same command "
                 "again to resume from it."
             )
         logging.warning("%s", message)
-        raise Preempted(message)
+        raise stop(message)
 
     @contextlib.contextmanager
     def waiting(self) -> Iterator[None]:
@@ -119,7 +128,8 @@ class PreemptionWatcher:
                 self._waiting = False
         except _SignalDuringWait:
             name = signal.Signals(self.received).name
-            raise Preempted(
+            stop = Interrupted if self.received == signal.SIGINT else Preempted
+            raise stop(
                 f"{name} received while waiting for a checkpoint newer than step "
                 f"{self.current_step()}; run the same command again to go on evaluating."
             ) from None

@@ -14,6 +14,7 @@ EXIT_USAGE = 2  # a user mistake, found before any work
 EXIT_NONFINITE = 3  # the loss or gradient stayed non-finite after the NanGuard's rollbacks
 EXIT_NO_SPACE = 4  # the disk filled during a save; the previous checkpoint is intact
 EXIT_PREEMPTED = 75  # SIGTERM: checkpoint saved, run the same command again to resume
+EXIT_INTERRUPTED = 130  # SIGINT (Ctrl-C), as a shell reports it; the checkpoint saved as above
 
 
 def fail(message: object) -> int:
@@ -39,6 +40,7 @@ def exit_status(error: Exception) -> int | None:
     from orbitask.tasks.errors import MissingBuilder, one_line
     from orbitask.trainers.errors import (
         ConfigError,
+        Interrupted,
         NonFiniteLossError,
         NoSpaceError,
         Preempted,
@@ -55,6 +57,10 @@ def exit_status(error: Exception) -> int | None:
     if isinstance(error, MissingBuilder):  # e.g. TASK = @orbitask.Task(): a builder is missing
         first = (str(error).strip().splitlines() or ["a builder is not implemented."])[0]
         return fail(f"{first} Fix TASK in your experiment's .gin file or the Task class.")
+    if isinstance(error, Interrupted):
+        lines = str(error).strip().splitlines()
+        print(f"orbitask: interrupted: {lines[0] if lines else ''}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     if isinstance(error, Preempted):
         lines = str(error).strip().splitlines()  # without gin's "In call to configurable" line
         print(f"orbitask: preempted: {lines[0] if lines else ''}", file=sys.stderr)
@@ -80,6 +86,9 @@ def run_reported(work: Callable[[], object]) -> int:
 
     try:
         work()
+    except KeyboardInterrupt:  # Ctrl-C before a run's handler was installed (or after it)
+        print("orbitask: interrupted (Ctrl-C) outside training; nothing saved", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except Exception as e:
         status = exit_status(e)
         if status is None:
