@@ -248,3 +248,48 @@ def test_a_model_built_outside_build_model_is_one_line(tmp_path):
         ConfigError, match=r"made outside the strategy's scope \(.*kernel.*\): build"
     ):
         _run(Prebuilt(), tmp_path, strategy="mirrored")
+
+
+class BadValidation(TinyTask):
+    """Training batches are sound; validation batches have labels out of range ("labels"),
+    5 features instead of 6 ("shape"), or come as two sets, the second bad ("sets")."""
+
+    def __init__(self, kind, **kwargs):
+        super().__init__(**kwargs)
+        self.kind = kind
+
+    def build_inputs(self, per_replica_batch_size, input_context=None, training=True):
+        if training:
+            return super().build_inputs(per_replica_batch_size, input_context, training)
+        good = (self.x, self.y)
+        bad = (self.x[:, :5], self.y) if self.kind == "shape" else (self.x, self.y + 7)
+        if self.kind == "sets":
+            return {
+                name: tf.data.Dataset.from_tensor_slices(d).batch(per_replica_batch_size)
+                for name, d in (("clean", good), ("noisy", bad))
+            }
+        return tf.data.Dataset.from_tensor_slices(bad).batch(per_replica_batch_size)
+
+
+@pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
+@pytest.mark.parametrize(
+    "kind, message",
+    [
+        ("labels", r"InvalidArgumentError: Received a label value of \d+ which is outside"),
+        ("shape", r"float32\[\d, 5\].*expected axis -1 of input shape to have value 6"),
+        ("sets", r"validation set 'noisy'.*Received a label value of \d+ which is outside"),
+    ],
+)
+def test_a_bad_validation_batch_is_refused_before_the_first_step(tmp_path, kind, message, strategy):
+    """The first batch of each validation set goes through validation_step before step 1: a
+    bad one is one line naming build_inputs(training=False) and what it gave, and nothing is
+    trained or saved."""
+    with pytest.raises(ConfigError) as error:
+        _run(
+            BadValidation(kind), tmp_path, mode="train_and_eval", train_steps=20,
+            eval_interval=10, strategy=strategy,
+        )  # fmt: skip
+    line = str(error.value).splitlines()[0]
+    assert line.startswith("the first batch of BadValidation.build_inputs(training=False)"), line
+    assert re.search(message, line), line
+    assert not list(tmp_path.glob("ckpt-*"))

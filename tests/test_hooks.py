@@ -67,6 +67,11 @@ def test_recording_task_sees_builders_then_stages_in_order(tmp_path):
         "build_checkpoint",
         "build_inputs",
         "make_batches",
+        # The validation pre-flight: the first validation batch through validation_step.
+        "validation_step",
+        "input_pre",
+        "loss_pre",
+        "process_metrics",
     ]
     # One trace of the default train step calls the stages in the seed's order.
     assert events[first_step : first_step + 6] == ["train_step", *STAGES]

@@ -114,7 +114,8 @@ class ExperimentRunner(ModeRunning):
           _build_callbacks        the Task's callbacks as an Orbit action
           _build_checkpoint       the checkpoint and this worker's manager
           _checkpoints_to_evaluate  the saved checkpoints evaluated one by one
-        _build_eval_input         the validation dataset(s) (evaluating only)
+        _build_eval_input         the validation dataset(s) (evaluating only), each first
+                                  batch through validation_step (`preflight`)
         _build_trainer            TaskObjects + TrainStep -> TaskTrainer
         _build_loop_length        device loops' length
         _build_progress, _build_profiler
@@ -137,6 +138,10 @@ class ExperimentRunner(ModeRunning):
             self.checkpointing = self._build_checkpoint()
             self.saved = self._checkpoints_to_evaluate()
         self.eval_dataset = self._build_eval_input() if self.evaluating else None
+        if self.eval_dataset is not None:
+            preflight.check_first_eval_batches(
+                self.task, self.strategy, self.eval_dataset, self.objects
+            )
         self.trainer = self._build_trainer()
         if self.training:  # a restore may rebuild the input (`trainers.input_position`)
             self.train_input.on_new_iterator = self.trainer.set_train_iterator
