@@ -48,6 +48,13 @@ class Task(DefaultSteps):
     # "batch_mean" (a mean over the batch) or "once" (independent of the batch).
     added_losses = "batch_sum"
 
+    # What a scalar that `loss_fn` returns is over the replica's batch: "sum" (per-example losses
+    # summed; the default step divides by the global batch size) or "mean" (their mean, which
+    # the default steps multiply by the replica's examples first, so it trains as the sum would).
+    # A Keras 3 loss object's mean is recognised either way. The check before the first step
+    # refuses a plain mean under "sum": it would train with a 1/batch gradient.
+    loss_reduction = "sum"
+
     def __init__(
         self,
         clip_norm: float | None = 10.0,

@@ -261,7 +261,9 @@ class DefaultSteps:
             outputs = model(inputs, training=True)
             loss_input = self.loss_pre(outputs, batch, model, lr)
             examples = global_batch_size // shares if part_count is None else part_count
-            loss = replica_logs_lib.replica_loss(loss_fn(loss_input), examples)
+            loss = replica_logs_lib.replica_loss(
+                self.batch_sum(loss_fn(loss_input), examples), examples
+            )
             loss_per_batch, extra_loss, trainable_vars, *own = self.grad_pre(
                 loss, outputs, batch, model, loss_fn, lr
             )
@@ -278,6 +280,16 @@ class DefaultSteps:
         self.process_metrics(metrics, labels_of(batch), outputs)
         return gradients, trainable_vars, {"loss": loss, "outputs": outputs, "scaled_loss": scaled}
 
+    def batch_sum(self, loss: Any, examples: Any) -> Any:
+        """Returns `loss` as a sum over this replica's `examples`: under `loss_reduction =
+        "mean"` a scalar that is not a Keras 3 loss object's mean (`replica_logs`) times
+        `examples`; otherwise `loss` unchanged. Traced, per replica."""
+        if getattr(self, "loss_reduction", "sum") != "mean" or not tf.is_tensor(loss):
+            return loss
+        if loss.shape.rank != 0 or replica_logs_lib.is_global_share(loss):
+            return loss
+        return loss * tf.cast(examples, loss.dtype)
+
     def validation_step(
         self, batch: Any, model: Any, metrics: list | None = None, *, loss_fn: Any, lr: Any
     ) -> dict[str, tf.Tensor]:
@@ -289,6 +301,7 @@ class DefaultSteps:
         inputs = self.input_pre(batch, lr)
         outputs = model(inputs, training=False)
         loss = loss_fn(self.loss_pre(outputs, batch, model, lr))
+        loss = self.batch_sum(loss, batch_size(inputs))  # under loss_reduction "mean"
         loss = replica_logs_lib.replica_loss(loss, batch_size(inputs))  # a Keras 3 mean: a sum
         self.process_metrics(metrics, labels_of(batch), outputs)
         return {

@@ -61,8 +61,11 @@ def test_recording_task_sees_builders_then_stages_in_order(tmp_path):
         "build_metrics",
         "build_inputs",
         "make_batches",
-        # The pre-flight check: one eager pass over a batch of zeros of the data's spec.
+        # The pre-flight check: one eager pass over a batch of zeros of the data's spec, then
+        # the loss of that batch and of the batch twice over (is it a sum or a mean?).
         "input_pre",
+        "loss_pre",
+        "loss_pre",
         "loss_pre",
         "build_checkpoint",
         "build_inputs",

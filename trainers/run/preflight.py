@@ -14,7 +14,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from orbitask.tasks import keras_compat
+from orbitask.tasks import keras_compat, replica_logs
 from orbitask.tasks.base import Task
 from orbitask.tasks.errors import one_line
 from orbitask.trainers.distribution import cluster
@@ -149,6 +149,50 @@ def _check_forward(
             f"{name}'s loss must return per-example losses (shape [batch], here [{batch_size}]) "
             f"or their sum (a scalar); it returned shape {list(shape)}. Fix build_losses."
         )
+    if shape is not None and shape.rank == 0:
+        _check_not_a_mean(task, objects, outputs, batch, where)
+
+
+def _check_not_a_mean(task: Any, objects: TrainObjects, outputs: Any, batch: Any, where: str):
+    """Refuses a scalar loss that is a plain mean over the batch under `loss_reduction` "sum":
+    the loss of the batch, and of the batch (outputs and labels) twice over, agree for a mean,
+    where a sum doubles. A Keras 3 loss object's mean (`replica_logs`) is scaled by the default
+    step and passes. Eager (one tf.function); returns None; a loss that cannot take the doubled
+    batch, or is 0, is not judged."""
+    name = type(task).__name__
+    reduction = getattr(task, "loss_reduction", "sum")
+    if reduction not in ("sum", "mean"):
+        raise ConfigError(f"{name}.loss_reduction must be 'sum' or 'mean'; received {reduction!r}.")
+    if reduction == "mean":
+        return
+    model, loss_fn, lr = objects.model, objects.loss_fn, objects.lr
+    twice = tf.nest.map_structure(lambda t: tf.concat([t, t], 0), (outputs, batch))
+
+    @tf.function
+    def losses():
+        def replica(outputs, batch, twice):
+            once = loss_fn(task.loss_pre(outputs, batch, model, lr))
+            doubled = loss_fn(task.loss_pre(*twice, model, lr))
+            keras_mean = tf.constant(replica_logs.is_global_share(once))
+            return tf.cast(once, tf.float64), tf.cast(doubled, tf.float64), keras_mean
+
+        strategy = tf.distribute.get_strategy()
+        results = strategy.run(replica, args=(outputs, batch, twice))
+        return tf.nest.map_structure(lambda v: strategy.experimental_local_results(v)[0], results)
+
+    try:
+        once, doubled, keras_mean = (float(v) for v in losses())
+    except Exception:  # noqa: BLE001 -- a loss that cannot take the doubled batch is not judged
+        return
+    if keras_mean or once == 0.0 or abs(doubled - once) > 1e-6 * abs(once):
+        return
+    size = objects.global_batch_size
+    raise ConfigError(
+        f"{name}'s loss is a mean over the batch (it gives the same value for a batch from "
+        f"{name}.{where} and for that batch twice over); the default step divides the loss by "
+        f"global_batch_size, so a mean would train with a 1/{size} gradient. Return per-example "
+        f"losses or their sum from build_losses, or set loss_reduction = 'mean' on {name}."
+    )
 
 
 def check_first_eval_batches(task: Any, strategy: Any, datasets: Any, objects: Any) -> None:
