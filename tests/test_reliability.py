@@ -78,32 +78,40 @@ def test_a_seed_turns_on_op_determinism(tmp_path):
     assert lines == ["before True", "after False"], done.stdout[-2000:]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("async_checkpoints", [False, True], ids=["sync", "async"])
-def test_sigterm_saves_exits_75_and_resumes_exactly(tmp_path, async_checkpoints):
-    # No interval saves: the only checkpoint before the end is SIGTERM's.
-    extra = [
-        f"orbitask.run_experiment.async_checkpoints={async_checkpoints}",
-        "orbitask.run_experiment.checkpoint_interval=1000",
-    ]
+def _stop_resume(tmp_path, sig, extra, seed):
+    """An uninterrupted run and one stopped by `sig` after a `step N: loss` line, then resumed
+    by the same command: asserts the stop saved the step it stopped at and the resume ends on
+    the uninterrupted weights. Returns `(exit status, output, saved checkpoint, stopped step)`
+    of the stopped run. No interval saves: the only checkpoint before the end is the stop's."""
+    extra = [*extra, "orbitask.run_experiment.checkpoint_interval=1000"]
     reference = tmp_path / "uninterrupted"
     assert faults.run(faults.command(reference, 1, STEPS, extra)).returncode == 0
 
-    model_dir = tmp_path / "preempted"
+    model_dir = tmp_path / "stopped"
     cmd = faults.command(model_dir, 1, STEPS, extra)
-    proc, output = faults.kill_after_line(cmd, random.Random(3), sig=signal.SIGTERM)
-    assert proc.returncode == 75, output[-2000:]
+    proc, output = faults.kill_after_line(cmd, random.Random(seed), sig=sig)
     # Each device loop (10 steps) prints its last step's loss: the last one is where it stopped.
-    stopped = int(re.findall(r"^step (\d+): loss", output, re.MULTILINE)[-1])
+    losses = re.findall(r"^step (\d+): loss", output, re.MULTILINE)
+    assert losses and proc.returncode > 0, (proc.returncode, output[-3000:])
+    stopped = int(losses[-1])
     assert 0 < stopped < STEPS
     saved = f"{model_dir}/ckpt-{stopped}"
-    assert f"SIGTERM received: saved checkpoint {saved} at step {stopped};" in output
-    assert tf.train.latest_checkpoint(str(model_dir)) == saved
+    assert tf.train.latest_checkpoint(str(model_dir)) == saved, output[-3000:]
 
     resumed = faults.run(cmd)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"resumed from {saved} (step {stopped})" in resumed.stdout
     faults.assert_identical(faults.final_state(reference), faults.final_state(model_dir))
+    return proc.returncode, output, saved, stopped
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("async_checkpoints", [False, True], ids=["sync", "async"])
+def test_sigterm_saves_exits_75_and_resumes_exactly(tmp_path, async_checkpoints):
+    extra = [f"orbitask.run_experiment.async_checkpoints={async_checkpoints}"]
+    status, output, saved, stopped = _stop_resume(tmp_path, signal.SIGTERM, extra, seed=3)
+    assert status == 75, output[-2000:]
+    assert f"SIGTERM received: saved checkpoint {saved} at step {stopped};" in output
 
 
 @pytest.mark.slow
@@ -111,30 +119,15 @@ def test_ctrl_c_saves_exits_130_in_one_line_and_resumes_exactly(tmp_path):
     """SIGINT, as a terminal's Ctrl-C sends it, to the real binary: it stops after the device
     loop under way, saves, says so in one line without a traceback and exits 130; the same
     command resumes to the weights of an uninterrupted run."""
-    extra = ["orbitask.run_experiment.checkpoint_interval=1000"]
-    reference = tmp_path / "uninterrupted"
-    assert faults.run(faults.command(reference, 1, STEPS, extra)).returncode == 0
-
-    model_dir = tmp_path / "interrupted"
-    cmd = faults.command(model_dir, 1, STEPS, extra)
-    proc, output = faults.kill_after_line(cmd, random.Random(4), sig=signal.SIGINT)
-    assert proc.returncode == 130, output[-2000:]
+    status, output, saved, stopped = _stop_resume(tmp_path, signal.SIGINT, [], seed=4)
+    assert status == 130, output[-2000:]
     assert "Traceback" not in output and "KeyboardInterrupt" not in output, output[-3000:]
-    stopped = int(re.findall(r"^step (\d+): loss", output, re.MULTILINE)[-1])
-    assert 0 < stopped < STEPS
-    saved = f"{model_dir}/ckpt-{stopped}"
     assert f"orbitask: Ctrl-C: saving step {stopped} (Ctrl-C again quits at once)" in output
     lines = [x for x in output.splitlines() if x.startswith("orbitask: interrupted:")]
     assert lines == [
         f"orbitask: interrupted: SIGINT received: saved checkpoint {saved} at step {stopped}; "
         "run the same command again to resume from it."
     ], output[-3000:]
-    assert tf.train.latest_checkpoint(str(model_dir)) == saved
-
-    resumed = faults.run(cmd)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert f"resumed from {saved} (step {stopped})" in resumed.stdout
-    faults.assert_identical(faults.final_state(reference), faults.final_state(model_dir))
 
 
 @pytest.mark.slow
