@@ -5,6 +5,7 @@ whose step is trained again."""
 
 import hashlib
 
+import gin
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -211,8 +212,11 @@ class OneMoreLayer(TinyTask):
 @pytest.mark.slow
 @pytest.mark.parametrize("flavour", ["keras", "tf_keras"])
 def test_a_model_with_one_more_layer_is_refused(tmp_path, flavour):
+    """Refused in one line, nothing touched: the checkpoints, and the run's record."""
     _run(tmp_path, 10, TinyTask(flavour=flavour))
     before = _files(tmp_path)
+    record = (tmp_path / "operative_config.gin").read_bytes()
+    gin.bind_parameter("run_experiment.eval_interval", 7)  # a binding the record would show
     with pytest.raises(ConfigError) as error:
         _run(tmp_path, 15, OneMoreLayer(flavour=flavour))
     text = _line(error.value)
@@ -220,6 +224,7 @@ def test_a_model_with_one_more_layer_is_refused(tmp_path, flavour):
     assert "variable(s) of this run are not in it (train_model/" in text
     assert "init_checkpoint" in text
     _kept(before, _files(tmp_path))
+    assert (tmp_path / "operative_config.gin").read_bytes() == record
 
 
 def test_a_foreign_checkpoint_is_refused(tmp_path):

@@ -119,7 +119,8 @@ class ExperimentRunner(ModeRunning):
         _build_trainer            TaskObjects + TrainStep -> TaskTrainer
         _build_loop_length        device loops' length
         _build_progress, _build_profiler
-        _build_controller         the Controller, with _build_train_entries, _build_eval_actions
+        _build_controller         the Controller, with _build_train_entries, _build_eval_actions;
+                                  it restores the newest checkpoint; then operative_config.gin
         ```
         """
         self.strategy = self._build_strategy()
@@ -145,12 +146,14 @@ class ExperimentRunner(ModeRunning):
         self.trainer = self._build_trainer()
         if self.training:  # a restore may rebuild the input (`trainers.input_position`)
             self.train_input.on_new_iterator = self.trainer.set_train_iterator
-        if self.chief and not self.evaluates_saved:
-            checkpoints.write_operative_config(self.model_dir)
         self.loop_length = self._build_loop_length()
         self.progress = self._build_progress()
         self.profiler = self._build_profiler()
-        self.controller = self._build_controller()
+        self.controller = self._build_controller()  # restores the newest checkpoint
+        # Only now, the run accepted (a checkpoint that does not fit this model was refused above):
+        # a refused command leaves the run's record as it was.
+        if self.chief and not self.evaluates_saved:
+            checkpoints.write_operative_config(self.model_dir)
 
     def _build_strategy(self) -> tf.distribute.Strategy:
         """Seeds and logical CPU devices first (they must precede TensorFlow's start)."""
