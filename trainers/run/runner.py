@@ -28,7 +28,14 @@ from orbitask.trainers.distribution import cluster
 from orbitask.trainers.engine import inputs
 from orbitask.trainers.engine.loop_length import LoopLength
 from orbitask.trainers.engine.trainer import TaskTrainer
-from orbitask.trainers.run import builders, checkpointing, messages, preflight, run_actions
+from orbitask.trainers.run import (
+    batch_checks,
+    builders,
+    checkpointing,
+    messages,
+    preflight,
+    run_actions,
+)
 from orbitask.trainers.run.controller import Controller
 from orbitask.trainers.run.running import ModeRunning
 from orbitask.trainers.run.settings import Settings
@@ -140,7 +147,7 @@ class ExperimentRunner(ModeRunning):
             self.saved = self._checkpoints_to_evaluate()
         self.eval_dataset = self._build_eval_input() if self.evaluating else None
         if self.eval_dataset is not None:
-            preflight.check_first_eval_batches(
+            batch_checks.check_first_eval_batches(
                 self.task, self.strategy, self.eval_dataset, self.objects
             )
         self.trainer = self._build_trainer()
