@@ -22,7 +22,8 @@ from orbitask.trainers.errors import ConfigError
 
 
 def describe(spec: Any) -> str:
-    """A structure of tensor specs as `dtype[shape]` leaves, e.g. `(float32[8, 6], int32[8])`."""
+    """Returns a structure of tensor specs as text, each leaf `dtype[shape]`, e.g.
+    `(float32[8, 6], int32[8])`. Eager."""
 
     def one(s):
         return f"{s.dtype.name}{list(s.shape)}" if hasattr(s, "shape") else type(s).__name__
