@@ -115,12 +115,12 @@ def reason(error: BaseException, limit: int = 300) -> str:
 
 
 def check_not_a_mean(task: Any, objects: Any, outputs: Any, batch: Any, where: str) -> None:
-    """Refuses a scalar loss that is a plain mean over the batch under `loss_reduction` "sum":
-    `objects` a `preflight.TrainObjects`. The loss of the batch, and of the batch (outputs and
-    labels) twice over,, agree for a mean,
-    where a sum doubles. A Keras 3 loss object's mean (`replica_logs`) is scaled by the default
-    step and passes. Eager (one tf.function); returns None; a loss that cannot take the doubled
-    batch, or is 0, is not judged."""
+    """Refuses a scalar loss that is a plain mean over the batch under `loss_reduction` "sum"
+    (`objects`: a `preflight.TrainObjects`). The loss of the batch and that of the batch
+    (outputs and labels) twice over agree for a mean, where a sum doubles. A Keras 3 loss
+    object's mean (`replica_logs`) is scaled by the default step and passes. Eager (one
+    tf.function); returns None; a loss that cannot take the doubled batch, or is 0, is not
+    judged."""
     name = type(task).__name__
     reduction = getattr(task, "loss_reduction", "sum")
     if reduction not in ("sum", "mean"):
