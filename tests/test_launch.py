@@ -18,7 +18,8 @@ import pytest
 from orbitask.trainers.commands import cli, launch
 
 # Acts out plan[role] for the role in its TF_CONFIG: "ok", "sleep", "exit N [AFTER_S]", "kill",
-# "fail_once PATH" (fails while PATH does not exist, creating it) or "term" (exit 75 on SIGTERM).
+# "fail_once PATH" (fails while PATH does not exist, creating it), "term" (exit 75 on SIGTERM) or
+# "save" (on SIGTERM: a second of saving, "saved", exit 75).
 CHILD = r"""
 import json, os, signal, sys, time
 config = json.loads(os.environ["TF_CONFIG"])
@@ -36,10 +37,14 @@ if action == "kill":
 if action == "fail_once" and not os.path.exists(arg):
     open(arg, "w").close()
     sys.exit(1)
-if action == "term":
-    signal.signal(signal.SIGTERM, lambda *a: sys.exit(75))
+def save(*args):
+    time.sleep(1.0)
+    print("saved", flush=True)
+    sys.exit(75)
+if action in ("term", "save"):
+    signal.signal(signal.SIGTERM, save if action == "save" else lambda *a: sys.exit(75))
     print("ready", flush=True)
-if action in ("sleep", "term"):
+if action in ("sleep", "term", "save"):
     time.sleep(60)
 """
 
@@ -148,7 +153,23 @@ def test_sigterm_is_relayed_and_the_save_status_returned():
     finally:
         stop.set()
     assert status == 75 and seconds < 20, out.getvalue()
-    assert "SIGTERM received; relaying SIGTERM" in out.getvalue()
+    assert "SIGTERM received; relaying it" in out.getvalue()
+    assert out.getvalue().splitlines()[-1] == (
+        "orbitask launch: the job stopped and saved (status 75); run the same command again to "
+        "resume it"
+    )
+
+
+def test_a_worker_stopped_by_its_own_sigterm_lets_the_others_save():
+    """Worker 1 exits 75 (a SIGTERM of its own): worker 0, still saving, is not killed, and the
+    stopped job is not restarted."""
+    runner, out = launcher({"worker 0": "save", "worker 1": "exit 75 1"}, max_restarts=1)
+    status, _ = timed_run(runner)
+    text = out.getvalue()
+    assert status == 75, text
+    assert "worker 1 stopped with status 75; waiting for the others" in text
+    assert "[worker 0] saved" in text  # relayed SIGTERM, then a second to save
+    assert "restarting" not in text
 
 
 @pytest.mark.parametrize(

@@ -164,3 +164,40 @@ def test_a_damaged_state_file_resumes_both_workers_from_the_same_checkpoint(
     assert text.count(f"resumed from {model}/ckpt-{killed_at} (step {killed_at})") == 2, text
     assert "does not parse" in text
     faults.assert_identical(faults.final_state(model), faults.final_state(uninterrupted / "model"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["launcher", "worker 1"])
+def test_sigterm_stops_every_worker_at_one_step_and_the_rerun_is_exact(
+    uninterrupted, tmp_path, target
+):
+    """SIGTERM to the launcher (it relays it to each worker) or to worker 1 alone: both workers
+    agree on the step, save it once, and exit 75, as does the launcher; the same command resumes
+    both from that checkpoint and ends with the uninterrupted run's weights, bit for bit."""
+    model = tmp_path / "model"
+    flags = launching.train_flags(model, STEPS, mode="train_and_eval")
+    proc = launching.start(["--workers", "2"], flags, tmp_path / "first")
+    try:
+        worker = launching.pid_of(tmp_path / "first", "worker 1", proc)
+        faults.wait_for_checkpoint(model, proc, min_step=40)
+        os.kill(proc.pid if target == "launcher" else worker, signal.SIGTERM)
+        proc.wait(timeout=120)
+    finally:
+        launching.stop(proc)
+    text = launching.output(tmp_path / "first")
+    assert proc.returncode == 75, text[-3000:]
+    stopped = re.findall(
+        r"^\[worker (\d)\] orbitask: preempted: SIGTERM received: saved checkpoint (\S+) at step "
+        r"(\d+);",
+        text,
+        re.M,
+    )
+    assert sorted(w for w, _, _ in stopped) == ["0", "1"], text[-3000:]
+    (_, path, step), (_, other, same) = stopped
+    assert (path, step) == (other, same) == (f"{model}/ckpt-{step}", step)
+    assert int(step) < STEPS and launching.latest_step(model) == int(step)
+    assert text.rstrip().endswith("run the same command again to resume it")
+    status, resumed = launching.run(["--workers", "2"], flags, tmp_path / "second")
+    assert status == 0, resumed[-3000:]
+    assert resumed.count(f"resumed from {model}/ckpt-{step} (step {step})") == 2, resumed
+    faults.assert_identical(faults.final_state(model), faults.final_state(uninterrupted / "model"))

@@ -10,6 +10,13 @@ checkpoint of that step first; the evaluation modes (`eval`, `continuous_eval`) 
 which the binary turns into exit status 75 ("temporary failure: run the same command again to
 resume"), or after SIGINT `Interrupted`, exit 130 with one line and no traceback.
 
+Several workers (`multi_worker_mirrored`) stop together: after each device loop and evaluation
+they agree on the signals received anywhere (`agree`, a collective), so a SIGTERM to one worker,
+to each at its own moment, or to the launcher that relays it, stops every worker after the same
+loop; they save that step once, together, and all exit 75 (130 when any received SIGINT).
+TensorFlow's multi-worker runtime installs a SIGTERM handler of its own (its preemption notifier,
+which only logs) when the strategy connects to the cluster; `take_back` installs this one again.
+
 From the first signal on, the process ignores further SIGTERMs (`SIG_IGN`, which also holds while
 the interpreter shuts down): a scheduler's repeated SIGTERM must not turn exit 75 into 143. A
 further SIGINT (a second Ctrl-C) ends the process at once (`SIG_DFL`), the save under way or not.
@@ -25,6 +32,8 @@ from collections.abc import Callable, Iterator
 from absl import logging
 
 from orbitask.trainers.errors import Interrupted, Preempted
+
+_SIGNALS = (None, signal.SIGTERM, signal.SIGINT)  # `agree`'s codes: the largest one wins
 
 
 class _SignalDuringWait(BaseException):
@@ -44,6 +53,10 @@ class PreemptionWatcher:
       save: saves the training state at the current step, unless the newest checkpoint holds
         it, and returns that checkpoint's path; None where the run does not train.
       signals: the signals that stop the run (SIGINT raises `Interrupted`).
+
+    Attributes:
+      agree: None on one process; with several workers, a collective that returns the largest
+        of every worker's argument (0: no signal, 1: SIGTERM, 2: SIGINT).
     """
 
     def __init__(
@@ -56,16 +69,20 @@ class PreemptionWatcher:
         self.save = save
         self.signals = tuple(signals)
         self.received: int | None = None
+        self.agree: Callable[[int], int] | None = None
         self._previous: dict = {}
         self._waiting = False
 
-    def _handle(self, signum, frame):
-        del frame
+    def _stopping(self, signum: int) -> None:
         for sig in self.signals:  # the run is stopping: a repeated SIGTERM changes nothing,
             # a second Ctrl-C quits at once
             signal.signal(sig, signal.SIG_DFL if sig == signal.SIGINT else signal.SIG_IGN)
         if self.received is None:
             self.received = signum
+
+    def _handle(self, signum, frame):
+        del frame
+        self._stopping(signum)
         if self._waiting:
             self._waiting = False
             raise _SignalDuringWait
@@ -75,6 +92,15 @@ class PreemptionWatcher:
             for sig in self.signals:
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
+
+    def take_back(self, agree: Callable[[int], int] | None = None) -> None:
+        """Installs the handlers again, over any that the strategy's start installed (TensorFlow's
+        multi-worker runtime), unless a signal came, and sets `agree`. Eager; call once the
+        strategy is built."""
+        self.agree = agree
+        if self.received is None and threading.current_thread() is threading.main_thread():
+            for sig in self.signals:
+                signal.signal(sig, self._handle)
 
     def __exit__(self, *exc):
         if self.received is None:
@@ -87,6 +113,11 @@ class PreemptionWatcher:
         """After each device loop of training and each evaluation: once a signal was received,
         saves (where the run trains) and raises `Preempted`; else returns None."""
         del output
+        if self.agree is not None:  # every worker, at the same point
+            agreed = _SIGNALS[self.agree(_SIGNALS.index(self.received))]
+            if agreed is not None:
+                self._stopping(agreed)  # where another worker's signal stops this one
+                self.received = agreed  # the same exit status on every worker
         if self.received is None:
             return
         name, step = signal.Signals(self.received).name, self.current_step()
@@ -107,7 +138,7 @@ class PreemptionWatcher:
                 f"{name} received: saved checkpoint {path} at step {step}; run the same command "
                 "again to resume from it."
             )
-        logging.warning("%s", message)
+        logging.info("%s", message)  # the binary prints it, once
         raise stop(message)
 
     @contextlib.contextmanager

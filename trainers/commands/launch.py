@@ -10,9 +10,11 @@ SIGINT and restarts; all training logic stays in the binary. It binds `run_exper
 to the cluster it starts: `multi_worker_mirrored` (N workers, worker 0 is the chief) or, with
 `--ps P`, `parameter_server` (a chief that coordinates, N workers and P parameter servers).
 
-Exit status: 0 when the job succeeded; otherwise the first failure's status (128 + signal for a
-process killed by a signal), after killing the other processes. With `--max_restarts K`, a
-failed job is stopped and started again from its last checkpoint, up to K times. Under
+Exit status: 0 when the job succeeded; 75 (130) when SIGTERM (SIGINT) to the launcher or to any
+worker stopped the job: every worker saved the same step and stopped together, and the same
+command resumes it; otherwise the first failure's status (128 + signal for a process killed by a
+signal), after killing the other processes. With `--max_restarts K`, a failed job is stopped and
+started again from its last checkpoint, up to K times (a stopped one is not). Under
 `parameter_server`, a dead worker does not stop the job (the coordinator carries on with the
 others); it is restarted in place while restarts remain.
 
@@ -29,24 +31,19 @@ machine's network instead.
 from __future__ import annotations
 
 import argparse
-import ctypes
-import errno
-import fcntl
 import json
 import os
 import signal
-import socket
-import struct
 import subprocess
 import sys
 import threading
 import time
 
-from orbitask.trainers.commands.exits import EXIT_USAGE
+from orbitask.trainers.commands.exits import EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_USAGE
+from orbitask.trainers.commands.network import free_ports, loopback_only
 
+STOPPED = (EXIT_PREEMPTED, EXIT_INTERRUPTED)  # saved on a signal: resume, do not restart
 GRACE_S = 60.0  # how long processes get to save and exit after a relayed SIGTERM
-CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
-SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 
 
 class UsageError(Exception):
@@ -70,46 +67,6 @@ def _parser() -> argparse.ArgumentParser:
         "cannot have a loopback-only network namespace of its own",
     )
     return p
-
-
-def loopback_only() -> None:
-    """Moves this process, and every process it starts from now on, into a new network
-    namespace with only a loopback interface, and brings that interface up.
-
-    Call it from the thread that starts the processes, before any of them starts.
-
-    Raises:
-      OSError: when the kernel refuses both a network namespace and a user + network one.
-    """
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(CLONE_NEWNET) != 0:
-        first = ctypes.get_errno()
-        uid, gid = os.getuid(), os.getgid()  # read before: unmapped ids read as 65534 after
-        if first != errno.EPERM or libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0:
-            code = ctypes.get_errno() if first == errno.EPERM else first
-            raise OSError(code, f"unshare: {os.strerror(code)}")
-        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
-                           ("gid_map", f"{gid} {gid} 1")):  # fmt: skip
-            with open(f"/proc/self/{name}", "w") as f:
-                f.write(text)
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        request = struct.pack("16sH14x", b"lo", 0)
-        flags = struct.unpack("16sH14x", fcntl.ioctl(s, SIOCGIFFLAGS, request))[1]
-        fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
-
-
-def free_ports(n: int) -> list[int]:
-    """`n` distinct free TCP ports on 127.0.0.1 (free when asked; the OS may reuse them later)."""
-    sockets = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def cluster_roles(workers: int, ps: int) -> list[tuple[str, int]]:
@@ -239,6 +196,10 @@ class Launcher:
                 if self.ps_mode and role[0] == "worker":
                     self._worker_died(role, code)
                     continue
+                if role in program and code in STOPPED:  # the others are saving the same step
+                    self.say(f"{_name(role)} stopped with status {code}; waiting for the others")
+                    self.stop(program, signal.SIGTERM, grace=GRACE_S)
+                    return code
                 status = _status(code) or 1  # a server task never ends by itself
                 self.say(f"{_name(role)} exited with status {_status(code)}; stopping the job")
                 return status
@@ -259,9 +220,11 @@ class Launcher:
             raise _NoWorkers(_status(code))
 
     def _relay_signal(self, program) -> int:
-        """Relays SIGTERM to the program's processes (they save and exit), then stops the rest."""
-        self.say(f"{signal.Signals(self.signal_received).name} received; relaying SIGTERM")
-        self.stop(program, signal.SIGTERM, grace=GRACE_S)
+        """Relays the signal to the program's processes (they save and exit), then stops the
+        rest."""
+        name = signal.Signals(self.signal_received).name
+        self.say(f"{name} received; relaying it")
+        self.stop(program, self.signal_received, grace=GRACE_S)
         codes = [_status(self.procs[r].returncode) for r in program]
         return next((c for c in codes if c), 0)
 
@@ -275,8 +238,10 @@ class Launcher:
                 except _NoWorkers as e:
                     self.say("no worker left; stopping the job")
                     status = e.status
-                if status == 0 or self.signal_received is not None or self.restarts_left <= 0:
-                    return status
+                if status in (0, *STOPPED) or self.signal_received is not None:
+                    return self._ended(status)
+                if self.restarts_left <= 0:
+                    return self._ended(status)
                 self.restarts_left -= 1
                 used = self.max_restarts - self.restarts_left
                 self.say(
@@ -286,9 +251,27 @@ class Launcher:
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
 
+    def _ended(self, status: int) -> int:
+        """Says how the job ended, as the launcher's last line; returns `status`."""
+        if status == 0:
+            self.say("the job finished")
+        elif status in STOPPED:
+            self.say(
+                f"the job stopped and saved (status {status}); run the same command again to "
+                "resume it"
+            )
+        else:
+            self.say(f"the job failed with status {status}")
+        return status
+
     def _on_signal(self, signum, frame) -> None:
         del frame
-        self.signal_received = signum
+        if signum == signal.SIGINT and self.signal_received == signal.SIGINT:
+            for proc in self.procs.values():  # a second Ctrl-C: the processes quit at once
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGINT)
+        if self.signal_received is None:
+            self.signal_received = signum
 
 
 class _NoWorkers(Exception):

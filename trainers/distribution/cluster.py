@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 
 import tensorflow as tf
 from absl import logging
@@ -107,6 +108,16 @@ def smallest(strategy: tf.distribute.Strategy, value: int) -> int:
         lambda _: tf.constant([value], tf.int64)
     )
     return int(tf.reduce_min(strategy.gather(values, axis=0)))
+
+
+def signal_agreement(strategy: tf.distribute.Strategy) -> Callable[[int], int] | None:
+    """`PreemptionWatcher.agree` for `strategy`: with several `multi_worker_mirrored` workers,
+    the largest of every worker's code (a collective, as in `any_worker`); else None."""
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return None
+    if not strategy.cluster_resolver.cluster_spec().jobs:
+        return None
+    return lambda code: -smallest(strategy, -code)
 
 
 def _replicas_with(strategy: tf.distribute.Strategy, flag: bool) -> int:

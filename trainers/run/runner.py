@@ -131,6 +131,7 @@ class ExperimentRunner(ModeRunning):
         ```
         """
         self.strategy = self._build_strategy()
+        self.preemption.take_back(agree=cluster.signal_agreement(self.strategy))
         self.chief = cluster.is_chief(self.strategy)  # keeps checkpoints, summaries, config
         if self.chief:
             nan_guard = self.settings.features.nan_guard

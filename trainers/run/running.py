@@ -111,8 +111,10 @@ class ModeRunning:
 
     def _save_for_preemption(self) -> str:
         """Saves the training state at the current step for SIGTERM's exit 75, unless the
-        newest checkpoint holds it. Eager; returns the checkpoint's path."""
-        return self.controller.save_now()
+        newest checkpoint holds it. Eager; returns the checkpoint's path (the chief's, on every
+        worker)."""
+        path = self.controller.save_now()
+        return path if self.chief else os.path.join(self.model_dir, os.path.basename(path))
 
     def _step_now(self) -> int:
         """The global step after the last device loop (no read of the variable once a loop ran)."""
