@@ -193,7 +193,7 @@ def test_full_disk_for_an_input_position_stops_with_one_line_and_keeps_the_previ
 
 @pytest.mark.parametrize(
     "pages, full",
-    [(1, "train/events.out"), (2, "operative_config.gin")],
+    [(1, "train/events.out"), (2, "operative_config-0.gin")],
     ids=["summaries", "config"],
 )
 def test_full_disk_before_training_stops_with_one_line(small_disk, capsys, pages, full):

@@ -145,6 +145,12 @@ def test_typo_in_a_gin_file_names_the_binding_and_the_file(tmp_path):
             ["--gin_params=orbitask.run_experiment.steps_per_loop=0"],
             "Expected a positive integer. Received: steps_per_loop=0 of type int",
         ),
+        (
+            ["--gin_params=TRAIN_STEP = 600"],
+            r"macro TRAIN_STEP is bound but nothing uses it \(no %TRAIN_STEP anywhere\), so it "
+            "would change nothing; did you mean TRAIN_STEPS\\?",
+        ),
+        (["--gin_params=LR = 0.1"], "macro LR is bound but nothing uses it .*use it as %LR"),
         (["--no_such_flag=1"], "Unknown command line flag 'no_such_flag'"),
         (["--model_dir="], "--model_dir is required"),
     ],
@@ -154,6 +160,8 @@ def test_typo_in_a_gin_file_names_the_binding_and_the_file(tmp_path):
         "zero_train_prefetch",
         "float_train_prefetch_bytes",
         "zero_steps_per_loop",
+        "typo_of_a_macro",
+        "unused_macro",
         "unknown_flag",
         "no_model_dir",
     ],

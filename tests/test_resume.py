@@ -118,3 +118,13 @@ def test_a_restart_in_the_first_steps_is_bit_identical_with_tf_keras_nadam(tmp_p
     for name in a:
         if name not in ("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter/.ATTRIBUTES/VARIABLE_VALUE"):
             np.testing.assert_array_equal(b[name], a[name], err_msg=name)
+
+
+@pytest.mark.parametrize("steps", [5, 3])
+def test_a_finished_run_says_it_has_nothing_to_train(tmp_path, capsys, steps):
+    _run(tmp_path, "keras", 5, "one_device")
+    capsys.readouterr()
+    task = _run(tmp_path, "keras", steps, "one_device")
+    out = capsys.readouterr().out
+    assert f"orbitask: already at step 5 >= train_steps {steps}; nothing to train" in out
+    assert task.recorder.calls == [] and tf.train.latest_checkpoint(str(tmp_path)).endswith("-5")

@@ -71,6 +71,18 @@ def gin_search_first(paths: list[str]) -> None:
         prefixes.insert(0, path)
 
 
+def gin_macros() -> tuple[set[str], set[str]]:
+    """The gin macros bound (`NAME = ...`) and those referenced (`%NAME`) by a binding. Eager.
+
+    gin keeps its bindings in `gin.config._CONFIG`, a macro as the `value` of configurable
+    `gin.macro` in a scope of its name; `gin.config.iterate_references` walks the values.
+    """
+    config = gin.config._CONFIG  # noqa: SLF001
+    bound = {scope for scope, selector in config if selector == "gin.macro"}
+    references = gin.config.iterate_references(config)
+    return bound, {ref.scopes[-1] for ref in references if ref.selector == "gin.macro"}
+
+
 def manager_settings(manager: tf.train.CheckpointManager) -> dict:
     """The constructor arguments a `tf.train.CheckpointManager` was built with that it does not
     expose: max_to_keep, keep_checkpoint_every_n_hours, checkpoint_name, step_counter. Eager;

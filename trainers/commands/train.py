@@ -116,6 +116,29 @@ def parse_gin(gin_files: list[str], gin_params: list[str], untrusted: str | None
         raise ConfigError(f"bad gin config: {_one_line(e)}") from e
     finally:
         sys.path[:] = kept
+    _refuse_unused_macros(*compat.gin_macros())
+
+
+def _refuse_unused_macros(bound: set[str], used: set[str]) -> None:
+    """A macro that nothing references is a typo, or a setting that would be silently ignored.
+
+    Raises:
+      ConfigError: naming the first one, and the bound macro it is closest to.
+    """
+    import difflib
+
+    from orbitask.trainers.errors import ConfigError
+
+    unused = sorted(bound - used)
+    if not unused:
+        return
+    name = unused[0]
+    close = difflib.get_close_matches(name, sorted(bound - {name}), n=1)
+    hint = f"; did you mean {close[0]}?" if close else "; remove it or use it as %" + name
+    raise ConfigError(
+        f"bad gin config: macro {name} is bound but nothing uses it (no %{name} anywhere), so "
+        f"it would change nothing{hint}"
+    )
 
 
 def _inside(folder: str, root: str) -> bool:

@@ -11,9 +11,10 @@ import tensorflow as tf
 from orbitask.trainers.distribution import cluster
 from orbitask.trainers.engine import evaluation
 from orbitask.trainers.errors import ConfigError
+from orbitask.trainers.run import messages
 from orbitask.trainers.run.builders import RunObjects
 from orbitask.trainers.run.settings import Settings
-from orbitask.trainers.state import checkpoints, random_state
+from orbitask.trainers.state import checkpoints, random_state, settings_record
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,3 +121,13 @@ def checkpoints_to_evaluate(
             "pass the --model_dir you trained into (continuous_eval waits for checkpoints)."
         )
     return saved
+
+
+def record_settings(model_dir: str, objects: RunObjects, resumed: bool) -> None:
+    """Writes this training start's operative config (`settings_record`); a resume that changed
+    settings names them in one line, with a note where the checkpoint's state overrides one.
+    Eager, the chief, once the run is accepted (its checkpoint restored)."""
+    step = int(objects.global_step.numpy())
+    lr_now = float(objects.lr.numpy()) if objects.lr_control.schedule is None else None
+    for line in settings_record.record(model_dir, step, resumed, lr_now):
+        messages.say(line)

@@ -40,7 +40,7 @@ from orbitask.trainers.run.controller import Controller
 from orbitask.trainers.run.running import ModeRunning
 from orbitask.trainers.run.settings import Settings
 from orbitask.trainers.run.settings import check as check_settings
-from orbitask.trainers.state import checkpoints, full_disk, model_dir_lock
+from orbitask.trainers.state import full_disk, model_dir_lock
 
 
 class ExperimentRunner(ModeRunning):
@@ -158,10 +158,10 @@ class ExperimentRunner(ModeRunning):
         self.progress = self._build_progress()
         self.profiler = self._build_profiler()
         self.controller = self._build_controller()  # restores the newest checkpoint
-        # Only now, the run accepted (a checkpoint that does not fit this model was refused above):
-        # a refused command leaves the run's record as it was.
-        if self.chief and not self.evaluates_saved:
-            checkpoints.write_operative_config(self.model_dir)
+        # Only now, the run accepted: a refused command leaves the run's record as it was.
+        if self.chief and self.training:
+            resumed = self.checkpointing.manager.latest_checkpoint is not None
+            checkpointing.record_settings(self.model_dir, self.objects, resumed)
 
     def _build_strategy(self) -> tf.distribute.Strategy:
         """Seeds and logical CPU devices first (they must precede TensorFlow's start)."""

@@ -157,6 +157,11 @@ class ModeRunning:
             self.profiler.start_if_due(self._step_now())
         if self.training and control is not None and control.stopped():
             raise EarlyStop(f"already stopped early at step {int(global_step.numpy())}")
+        step = self._step_now()
+        if self.training and self.chief and step >= self.train_steps:
+            messages.say(
+                f"already at step {step} >= train_steps {self.train_steps}; nothing to train"
+            )
         manager = self.checkpointing.manager
         with step_errors.named_by_step(global_step, manager, self.train_steps):
             if self.evaluates_saved:

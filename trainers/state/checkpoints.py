@@ -1,5 +1,5 @@
-"""The run's checkpoint and its manager: building them, saving safely on a full device, and
-writing the operative gin config.
+"""The run's checkpoint and its manager: building them and saving safely on a full device (the
+operative gin config is `trainers.state.settings_record`).
 
 - A damaged state file (`checkpoint`: unreadable, empty, garbled, missing, or naming a checkpoint
   that is not there) is named in a warning, and the manager holds the checkpoints found by their
@@ -19,7 +19,6 @@ import contextlib
 import os
 import time
 
-import gin
 import tensorflow as tf
 from absl import logging
 from tensorflow.python.checkpoint import checkpoint_management as _management
@@ -27,7 +26,7 @@ from tensorflow.python.checkpoint import checkpoint_management as _management
 from orbitask.trainers import compat
 from orbitask.trainers.errors import ConfigError, NoSpaceError
 from orbitask.trainers.state.checkpoint_files import scan, state_damage
-from orbitask.trainers.state.full_disk import is_no_space, write_text
+from orbitask.trainers.state.full_disk import is_no_space
 
 
 def remove_partial_save(prefix: str, keep: list[str]) -> None:
@@ -209,15 +208,3 @@ def build(
         manager = SafeCheckpointManager(checkpoint, manager.directory, **kept)
     adopt_found_checkpoints(manager)
     return checkpoint, manager
-
-
-def write_operative_config(model_dir: str) -> None:
-    """Writes gin's operative config (what this run actually used) into `model_dir`, whole or
-    not at all. Eager; returns None.
-
-    Raises:
-      NoSpaceError: when the device is full.
-    """
-    text = gin.operative_config_str()
-    if text.strip():
-        write_text(os.path.join(model_dir, "operative_config.gin"), text)
