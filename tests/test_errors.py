@@ -265,3 +265,50 @@ def test_an_empty_validation_input_is_one_line(tmp_path, unknown):
     # Known to be empty: refused before the first step; else at the first evaluation (step 3).
     trained = tf.train.latest_checkpoint(str(tmp_path))
     assert (trained is None) == (not unknown), trained
+
+
+class FailingCallback(TinyTask):
+    """A callback with the user's bug, due at step 6."""
+
+    def at_step(self):
+        return {6: lambda task, ctx: {}["missing key"]}
+
+
+class FailingEvaluation(TinyTask):
+    """Its own validation_step fails when it runs (the first evaluation)."""
+
+    def validation_step(self, batch, model, metrics=None, **kwargs):
+        tf.debugging.assert_equal(1, 0, message="the user's evaluation check")
+        return {"loss": tf.constant(0.0), "num_examples": tf.constant(1.0)}
+
+
+@pytest.mark.parametrize(
+    "task, mode, place",
+    [
+        (FailingCallback(), "train", "a callback (every_steps / at_step)"),
+        (FailingEvaluation(), "train_and_eval", "the evaluation"),
+    ],
+    ids=["callback", "evaluation"],
+)
+def test_an_error_outside_the_step_saves_the_trained_steps_first(tmp_path, task, mode, place):
+    """No interval save before step 6: the steps are kept only because the error saved them;
+    the user's exception keeps its type and traceback, and its note names where it came."""
+    error = KeyError if isinstance(task, FailingCallback) else tf.errors.InvalidArgumentError
+    with pytest.raises(error) as info:
+        _run(task, tmp_path, mode=mode, train_steps=20, steps_per_loop=2, loop_seconds=None,
+             eval_interval=6, checkpoint_seconds=None)  # fmt: skip
+    saved = tf.train.latest_checkpoint(str(tmp_path))
+    assert saved == str(tmp_path / "ckpt-6")
+    assert info.value.__notes__[-1] == (
+        f"orbitask: raised during {place} at global step 6; the trained steps are saved in "
+        f"checkpoint {saved}: the same command resumes."
+    )
+    if error is KeyError:  # the user's own line is in the traceback
+        assert info.traceback[-1].frame.code.name == "<lambda>"
+
+
+def test_an_error_in_an_evaluation_only_run_names_the_evaluation(tmp_path):
+    _run(TinyTask(), tmp_path, train_steps=2)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="the user's evaluation check") as e:
+        _run(FailingEvaluation(), tmp_path, mode="eval")
+    assert e.value.__notes__[-1] == "orbitask: raised during the evaluation at global step 2."

@@ -79,6 +79,7 @@ class Schedule:
         self.entries = list(entries)
         self.current_step = current_step
         self.agree = agree
+        self.running: str | None = None  # the entry under way (or that raised)
         self._ending: list[triggers.DuePoints] = []
         self._update()
 
@@ -111,6 +112,7 @@ class Schedule:
         with the loop's `output`, and records each `Trigger` entry's run. Eager; None."""
         for entry in self.entries:
             when = entry.when
+            self.running = entry.name  # left set when it raises (`trainers.engine.step_errors`)
             if not isinstance(when, Trigger):
                 entry.action(output)
                 continue
@@ -118,6 +120,7 @@ class Schedule:
             if self._due(when, start, step):
                 entry.action(output)
                 when.fired(step)
+        self.running = None
 
     def _due(self, trigger: Trigger, start: int, step: int) -> bool:
         # Step rules agree on every worker; the clock is this worker's.

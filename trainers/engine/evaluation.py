@@ -47,6 +47,7 @@ class TaskEvaluator(orbit.StandardEvaluator):
     """
 
     device_eval_loop = True  # False: every evaluation step is its own call (parameter server)
+    phase: str | None = None  # "step" while a device loop runs, "evaluation" from one on
 
     def evaluate(self, num_steps: tf.Tensor):
         """Eager: one evaluation, with the averaged weights swapped in when EMA is on.
@@ -56,6 +57,7 @@ class TaskEvaluator(orbit.StandardEvaluator):
         its metrics and aggregation state started afresh (the Controller writes each set's
         summaries under `eval/<name>/`).
         """
+        self.phase = "evaluation"  # until the next device loop: the eval actions follow
         with self.ema.averaged() if self.ema is not None else contextlib.nullcontext():
             sets = self.eval_dataset
             if not isinstance(sets, dict):

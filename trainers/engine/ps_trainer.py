@@ -53,6 +53,7 @@ class ParameterServerTrainer(TaskTrainer):
 
     def train(self, num_steps: tf.Tensor) -> dict:
         """Eager: schedules `num_steps` steps over the workers, waits; returns the last logs."""
+        self.phase = "step"
         self.train_loop_begin()
         fresh = self._loop_fn is None
         if fresh:

@@ -1,25 +1,58 @@
-"""Errors raised by the train step, turned into what a user can act on.
+"""Errors raised while a run trains or evaluates, turned into what a user can act on.
 
 A training dataset that ends before `train_steps` stops the run with one line naming the step and
 the fix, after a checkpoint of the steps taken is saved. Any other TensorFlow error raised while a
 device loop runs (a label out of range, a shape the model cannot take) keeps its traceback and
 gains a note naming the global step it was raised at.
+
+An error raised outside the train step (the evaluation and its actions, a callback, the train
+summaries, the progress display) leaves the trained state whole: a training run first saves it
+(unless the newest checkpoint holds it), then the error keeps its traceback and gains a note
+naming where it was raised and the checkpoint that holds the steps.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import tensorflow as tf
 
-from orbitask.trainers.errors import ConfigError
+from orbitask.tasks.errors import one_line
+from orbitask.trainers.errors import ConfigError, EarlyStop, NonFiniteLossError, Preempted
+
+# Where an error leaves the trained state whole: the entries of the Controller's schedule (and
+# the trainer's phase), by name, as a note names them.
+OUTSIDE_THE_STEP = {
+    "evaluation": "the evaluation",
+    "callbacks": "a callback (every_steps / at_step)",
+    "results": "keeping the loop's logs",
+    "progress": "the progress display",
+    "profiler": "the profiler",
+    "summaries": "writing the train summaries",
+    "train_actions": "a train action",
+}
+OWN_STOPS = (EarlyStop, Preempted, NonFiniteLossError, ConfigError)  # handled where raised
 
 
 @contextlib.contextmanager
-def named_by_step(global_step: tf.Variable, manager: Any, train_steps: int) -> Iterator[None]:
-    """While open, errors from the train and eval steps name the step. Eager; yields nothing.
+def named_by_step(
+    global_step: tf.Variable,
+    manager: Any,
+    train_steps: int,
+    where: Callable[[], str | None] = lambda: None,
+    save: Callable[[], str] | None = None,
+) -> Iterator[None]:
+    """While open, errors name where they were raised: the train step, or `where()` (a key of
+    `OUTSIDE_THE_STEP`; None: the step). Eager; yields nothing.
+
+    Args:
+      global_step, train_steps: the run's.
+      manager: the checkpoint manager; None where the run does not train.
+      where: what the run is doing (read once an error came).
+      save: saves the trained state unless the newest checkpoint holds it and returns its
+        path; None where the run does not train.
 
     Raises:
       ConfigError: when the training dataset ended before `train_steps`; a checkpoint of the
@@ -27,19 +60,38 @@ def named_by_step(global_step: tf.Variable, manager: Any, train_steps: int) -> I
     """
     try:
         yield
-    except tf.errors.OutOfRangeError as e:
-        step = int(global_step.numpy())
-        if manager is not None:
-            manager.save(checkpoint_number=step, check_interval=False)
-        raise ConfigError(
-            f"the training dataset ended after step {step} of train_steps {train_steps}: "
-            "build_inputs(training=True) must repeat forever (end it with .repeat()), or lower "
-            f"train_steps. A checkpoint at step {step} was saved."
-        ) from e
-    except tf.errors.OpError as e:
-        e.add_note(
-            f"orbitask: raised while running the step after global step "
-            f"{int(global_step.numpy())} ({type(e).__name__} from TensorFlow; the lines above "
-            "name the op and its inputs)."
-        )
+    except OWN_STOPS:
         raise
+    except Exception as e:
+        place = OUTSIDE_THE_STEP.get(where() or "")
+        step = int(global_step.numpy())
+        if place is not None:
+            e.add_note(_outside_note(place, step, save))
+            raise
+        if isinstance(e, tf.errors.OutOfRangeError):
+            if manager is not None:
+                manager.save(checkpoint_number=step, check_interval=False)
+            raise ConfigError(
+                f"the training dataset ended after step {step} of train_steps {train_steps}: "
+                "build_inputs(training=True) must repeat forever (end it with .repeat()), or "
+                f"lower train_steps. A checkpoint at step {step} was saved."
+            ) from e
+        if isinstance(e, tf.errors.OpError):
+            e.add_note(
+                f"orbitask: raised while running the step after global step {step} "
+                f"({type(e).__name__} from TensorFlow; the lines above name the op and its "
+                "inputs)."
+            )
+        raise
+
+
+def _outside_note(place: str, step: int, save: Callable[[], str] | None) -> str:
+    """The note of an error raised at `place`, outside the train step; saves first (`save`)."""
+    note = f"orbitask: raised during {place} at global step {step}"
+    if save is None:
+        return note + "."
+    try:
+        path = save()
+    except Exception as failed:  # noqa: BLE001 -- the first error is the one to report
+        return f"{note}; saving the trained steps failed too: {one_line(failed, 300)}"
+    return f"{note}; the trained steps are saved in checkpoint {path}: the same command resumes."

@@ -108,6 +108,7 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
 
         Eager; the loop itself is one tf.function (Orbit's `create_train_loop_fn`).
         """
+        self.phase = "step"
         self.train_loop_begin()
         fresh = self._loop_fn is None
         if fresh:
@@ -270,6 +271,7 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         out = {k: eval_logs.to_python(v) for k, v in logs.items()}
         lr = loop_output.get("learning_rate")
         out["learning_rate"] = float(self.lr.numpy() if lr is None else lr)
+        self.phase = None  # the device loop is over
         return out
 
 

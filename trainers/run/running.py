@@ -116,6 +116,10 @@ class ModeRunning:
         path = self.controller.save_now()
         return path if self.chief else os.path.join(self.model_dir, os.path.basename(path))
 
+    def _where(self) -> str | None:
+        """What the run is doing: a schedule entry's name, or the trainer's phase."""
+        return self.controller.schedule.running or self.trainer.phase
+
     def _step_now(self) -> int:
         """The global step after the last device loop (no read of the variable once a loop ran)."""
         if self.trainer is None:
@@ -163,7 +167,8 @@ class ModeRunning:
                 f"already at step {step} >= train_steps {self.train_steps}; nothing to train"
             )
         manager = self.checkpointing.manager
-        with step_errors.named_by_step(global_step, manager, self.train_steps):
+        save = self._save_for_preemption if self.training else None
+        with step_errors.named_by_step(global_step, manager, self.train_steps, self._where, save):
             if self.evaluates_saved:
                 self._evaluate_saved(eval_settings.eval_steps or -1)
             else:
