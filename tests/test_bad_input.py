@@ -66,7 +66,41 @@ class LogitShapedLoss(TinyTask):
         return loss_fn
 
 
+class FunctionModel(TinyTask):
+    def build_model(self):
+        model = super().build_model()
+        return lambda x, training=False: model(x, training=training)
+
+
+class DictOutputs(TinyTask):
+    def build_model(self):
+        inputs = keras.Input((6,))
+        return keras.Model(inputs, {"logits": keras.layers.Dense(3)(inputs)})
+
+
+class MissingFile(TinyTask):
+    def build_inputs(self, per_replica_batch_size, input_context=None, training=True):
+        ds = tf.data.TFRecordDataset([str(REPO / "no-such-folder" / "train.tfrecord")])
+        ds = ds.map(lambda _: (tf.zeros([6]), tf.constant(0)))
+        return ds.batch(per_replica_batch_size, drop_remainder=True).repeat()
+
+
 CASES = [
+    (
+        FunctionModel,
+        r"^FunctionModel.build_model\(\) returned <function .*> of type function, which is not a "
+        r"model: return a Keras model",
+    ),
+    (
+        DictOutputs,
+        r"^DictOutputs's model returns \{logits: float32\[8, 3\]\}, and the default loss_pre hands "
+        r"the outputs to the loss as they are, .*override loss_pre to return what the loss takes",
+    ),
+    (
+        MissingFile,
+        r"^an input file does not exist: .*/no-such-folder/train.tfrecord \(read after global "
+        r"step 0\); fix the path in build_inputs",
+    ),
     (
         Triples,
         r"must yield \(inputs, labels\) pairs .* received elements "
@@ -93,6 +127,7 @@ def test_bad_data_is_reported_before_any_step(tmp_path, task_class, message):
         _run(task_class(), tmp_path)
     assert "\n" not in str(info.value).split("In call to configurable")[0].strip()
     assert "\x1b" not in str(info.value)  # no terminal colour codes from Keras
+    assert "numpy=" not in str(info.value)  # no tensor values
     assert tf.train.latest_checkpoint(str(tmp_path)) is None  # nothing was trained or saved
 
 

@@ -3,7 +3,8 @@
 A training dataset that ends before `train_steps` stops the run with one line naming the step and
 the fix, after a checkpoint of the steps taken is saved. Any other TensorFlow error raised while a
 device loop runs (a label out of range, a shape the model cannot take) keeps its traceback and
-gains a note naming the global step it was raised at.
+gains a note naming the global step it was raised at; an input file that does not exist stops
+the run with one line naming it.
 
 An error raised outside the train step (the evaluation and its actions, a callback, the train
 summaries, the progress display) leaves the trained state whole: a training run first saves it
@@ -14,6 +15,7 @@ naming where it was raised and the checkpoint that holds the steps.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -33,6 +35,7 @@ OUTSIDE_THE_STEP = {
     "summaries": "writing the train summaries",
     "train_actions": "a train action",
 }
+_MISSING = re.compile(r"(\S+); No such file or directory")
 OWN_STOPS = (EarlyStop, Preempted, NonFiniteLossError, ConfigError)  # handled where raised
 
 
@@ -75,6 +78,12 @@ def named_by_step(
                 f"the training dataset ended after step {step} of train_steps {train_steps}: "
                 "build_inputs(training=True) must repeat forever (end it with .repeat()), or "
                 f"lower train_steps. A checkpoint at step {step} was saved."
+            ) from e
+        missing = _MISSING.search(str(e)) if isinstance(e, tf.errors.NotFoundError) else None
+        if missing:
+            raise ConfigError(
+                f"an input file does not exist: {missing.group(1)} (read after global step "
+                f"{step}); fix the path in build_inputs, or the list of files it reads."
             ) from e
         if isinstance(e, tf.errors.OpError):
             e.add_note(

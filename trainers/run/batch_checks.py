@@ -95,6 +95,30 @@ _RAISED = re.compile(r"^\s*[\w.]*(?:Error|Exception): (.+)$")
 _STACK = ("Graph execution error", "Detected at node", "Traceback", "in user code", "[[", "File ")
 
 
+def without_values(text: str) -> str:
+    """`text` with the values of the eager tensors it prints left out (`<tf.Tensor: shape=...,
+    dtype=...>`), which can fill a screen."""
+    return re.sub(r",\s*numpy=[^>]*>", ">", text)
+
+
+def outputs_for_the_loss(task: Any, outputs: Any, error: BaseException, where: str) -> None:
+    """After the loss failed on the model's `outputs`: several outputs (a dict, a list) under the
+    default `loss_pre`, which hands them to the loss as they are, are named as the cause.
+
+    Raises:
+      ConfigError: naming `loss_pre`, when that is so; else returns None.
+    """
+    if tf.is_tensor(outputs) or type(task).loss_pre is not Task.loss_pre:
+        return
+    name = type(task).__name__
+    raise ConfigError(
+        f"{name}'s model returns {describe(outputs)}, and the default loss_pre hands the outputs "
+        f"to the loss as they are, which cannot take them ({type(error).__name__} on a batch "
+        f"from {name}.{where}): override loss_pre to return what the loss takes, e.g. "
+        "`return outputs['logits'], batch[1]`."
+    ) from error
+
+
 def reason(error: BaseException, limit: int = 300) -> str:
     """What `error` says went wrong, without the stack TensorFlow's and autograph's messages
     carry: its first root error (several replicas), else the last `...Error: text` line inside

@@ -103,6 +103,7 @@ def build_objects(task: Any, settings: Settings, training: bool, evaluating: boo
     features, loop = settings.features, settings.loop
     with precision_policy(features.mixed_precision), keras_compat.saved_layer_randomness():
         model = task.build_model()
+    preflight.check_model(task, model)
     if task.keras_flavour is None:
         task.keras_flavour = keras_compat.model_flavour(model) or keras_compat.KERAS3
     needed = preflight.needs_losses(task, training, evaluating)

@@ -119,6 +119,7 @@ def _check_forward(
     def replica_loss(outputs):  # where the step computes it: in replica context
         return loss_fn(task.loss_pre(outputs, batch, model, lr))
 
+    outputs = None
     try:
         # The model in cross-replica context: a model without an Input layer builds its weights.
         outputs = model(task.input_pre(batch, lr), training=False)
@@ -132,9 +133,11 @@ def _check_forward(
                 "the loss, eagerly."
             )
             raise
+        if outputs is not None:
+            batch_checks.outputs_for_the_loss(task, outputs, e, where)
         raise ConfigError(
             f"a batch from {name}.{where} ({describe(element_spec)}) does not fit the model and "
-            f"loss: {type(e).__name__}: {one_line(e, 400)}"
+            f"loss: {type(e).__name__}: {batch_checks.without_values(one_line(e, 400))}"
         ) from e
     shape = getattr(loss, "shape", None)
     per_example = shape is not None and shape.rank == 1 and shape[0] in (None, batch_size)
@@ -201,6 +204,23 @@ def checked_train_input(task: Any, strategy: Any, train_input: Any, objects: Tra
     # has weights from then on, and the optimizer must be built with them.
     keras_compat.build_optimizer_slots(objects.optimizer, trainable_variables(task, model), model)
     return train_input
+
+
+def check_model(task: Any, model: Any) -> None:
+    """Refuses what `build_model` returned unless it is a model (Keras, or a `tf.Module`) or a
+    dict of them. Eager.
+
+    Raises:
+      ConfigError: naming `build_model` and what it returned.
+    """
+    models = model.values() if isinstance(model, dict) else [model]
+    for one in models:
+        if not hasattr(one, "trainable_variables"):
+            raise ConfigError(
+                f"{type(task).__name__}.build_model() returned {one!r} of type "
+                f"{type(one).__name__}, which is not a model: return a Keras model (a "
+                "keras.Model, or a layer wrapping your function), a tf.Module, or a dict of them."
+            )
 
 
 def _weightless(model: Any) -> bool:
