@@ -4,6 +4,7 @@ loads (no orbitask in the process) and that predict what the trained model predi
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -391,3 +392,49 @@ def test_export_imports_no_code_from_the_model_directory(tmp_path, monkeypatch, 
     finally:
         sys.modules.pop(name, None)
     assert not marker.exists() and (run / "export" / "4" / "saved_model.pb").is_file()
+
+
+def test_the_next_export_removes_what_a_killed_one_left(tmp_path, capsys):
+    """A kill -9 leaves `export/temp-<step>-<pid>-<hex>/`: the next export removes those whose
+    process is gone, and keeps one whose process runs (this one's, here)."""
+    run = tmp_path / "run"
+    train_with_gin(run)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    dead = run / "export" / f"temp-6-{int(gone.stdout)}-0123abcd"
+    alive = run / "export" / f"temp-6-{os.getpid()}-89abcdef"
+    for folder in (dead, alive):
+        folder.mkdir(parents=True)
+        (folder / "saved_model.pb").write_bytes(b"half")
+    assert cli.main(["export", f"--model_dir={run}"]) == 0
+    assert sorted(p.name for p in (run / "export").iterdir()) == ["6", alive.name]
+
+
+@pytest.mark.slow
+def test_sigterm_during_an_export_removes_it_and_exits_75(tmp_path):
+    run = tmp_path / "run"
+    flags = [f"--gin_file={os.path.join(REPO, 'experiments', 'digits.gin')}", f"--model_dir={run}"]
+    flags += ["--mode=train", "--gin_params=TRAIN_STEPS = 10"]
+    assert train.main([*flags, "--gin_params=orbitask.run_experiment.progress = False"]) == 0
+    command = [
+        sys.executable,
+        "-m",
+        "orbitask.trainers.commands.cli",
+        "export",
+        f"--model_dir={run}",
+    ]
+    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))  # fmt: skip
+    try:
+        while not list(run.glob("export/temp-*")) and proc.poll() is None:
+            pass
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 75, err[-3000:]
+    assert err.strip().splitlines()[-1] == (
+        "orbitask: preempted: SIGTERM received during the export: nothing of it was kept; run "
+        "the same command again."
+    )
+    assert list((run / "export").iterdir()) == []

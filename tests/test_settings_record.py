@@ -32,7 +32,8 @@ def test_a_resume_names_each_changed_binding_and_the_record_keeps_both_starts(tm
     assert _said(capsys) == [] and _starts(tmp_path) == ["operative_config-0.gin"]
 
     _train(tmp_path, 6)  # only TRAIN_STEPS changed
-    assert _said(capsys) == ["orbitask: resumed at step 4 with changed settings: TRAIN_STEPS 4 -> 6"]
+    said = "orbitask: resumed at step 4 with changed settings: TRAIN_STEPS 4 -> 6"
+    assert _said(capsys) == [said]
     _train(tmp_path, 6)  # nothing changed: no line, no new file
     assert _said(capsys) == []
     assert _starts(tmp_path) == ["operative_config-0.gin", "operative_config-4.gin"]

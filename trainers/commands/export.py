@@ -1,4 +1,5 @@
-"""`orbitask export`: a run's trained model as a SavedModel, under `<model_dir>/export/<step>/`.
+"""`orbitask export`: a run's trained model as a SavedModel, under `<model_dir>/export/<step>/`
+(or `--output_dir`'s `<step>/`, so that a read-only model directory exports too).
 
     orbitask export --model_dir=runs/digits            # the latest checkpoint's weights
     orbitask export --model_dir=runs/digits --best     # the best checkpoint (ValidationControl)
@@ -12,12 +13,17 @@ it is inside the model directory), as in training. The SavedModel's layout and s
 `trainers.state.saved_model`'s: one `serving_default` signature over the model's inputs,
 loadable with `tf.saved_model.load` and no orbitask; a dict of models gives one SavedModel per
 model. A mistake (no checkpoint, no gin config, no best or EMA weights) is one line on stderr,
-exit 2; a full disk is one line, exit 4, and leaves no part of the export.
+exit 2; a full disk is one line, exit 4, and leaves no part of the export; a folder it cannot write
+is one line, exit 2; SIGTERM removes the half-written export and exits 75 with one line. An
+export killed with kill -9 leaves its temporary folder, which the next export removes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+from collections.abc import Iterator
 from typing import Any
 
 from absl import flags
@@ -41,6 +47,13 @@ flags.DEFINE_boolean(
     "best",
     False,
     "Export the best checkpoint (MODEL_DIR/best/) instead of the latest.",
+    flag_values=FLAGS,
+)
+flags.DEFINE_string(
+    "output_dir",
+    None,
+    "Where the SavedModel's <step>/ folder goes; default: MODEL_DIR/export (MODEL_DIR may then "
+    "be read-only).",
     flag_values=FLAGS,
 )
 flags.DEFINE_boolean(
@@ -158,8 +171,11 @@ def restored_model(
     return model, int(step.numpy())
 
 
-def export(task: Any, model_dir: str, path: str, ema: bool = False) -> str:
-    """Writes the model of checkpoint `path` as a SavedModel under `model_dir/export/<step>/`.
+def export(
+    task: Any, model_dir: str, path: str, ema: bool = False, output_dir: str | None = None
+) -> str:
+    """Writes the model of checkpoint `path` as a SavedModel under `<output_dir>/<step>/`
+    (default `output_dir`: `model_dir/export`).
 
     Eager. The run's `mixed_precision` and `global_batch_size` are read from gin.
 
@@ -173,7 +189,8 @@ def export(task: Any, model_dir: str, path: str, ema: bool = False) -> str:
 
     batch = _bound("global_batch_size", 64)
     model, step = restored_model(task, path, ema, _bound("mixed_precision", None), batch)
-    return saved_model.write(task, model, os.path.join(model_dir, "export"), step, batch)
+    root = output_dir or os.path.join(model_dir, "export")
+    return saved_model.write(task, model, root, step, batch)
 
 
 def _bound(name: str, default: Any) -> Any:
@@ -183,6 +200,26 @@ def _bound(name: str, default: Any) -> Any:
         return gin.query_parameter(f"orbitask.run_experiment.{name}")
     except ValueError:
         return default
+
+
+@contextlib.contextmanager
+def _sigterm_stops(what: str) -> Iterator[None]:
+    """While open, SIGTERM raises `Preempted` (exit 75), so that the work's `finally` clauses
+    remove what it had half written. Eager; the main thread only."""
+    from orbitask.trainers.errors import Preempted
+
+    def stop(signum, frame):
+        del frame
+        signal.signal(signum, signal.SIG_IGN)  # a repeated SIGTERM keeps exit 75
+        raise Preempted(f"SIGTERM received during {what}: nothing of it was kept; run the same "
+                        "command again.")  # fmt: skip
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGTERM) is stop:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def main(argv: list[str]) -> int:
@@ -207,7 +244,9 @@ def main(argv: list[str]) -> int:
         path = checkpoint_to_export(FLAGS.model_dir, FLAGS.best)
         files = gin_files(FLAGS.model_dir, FLAGS.gin_file)
         train.parse_gin(files, FLAGS.gin_params, untrusted=FLAGS.model_dir)
-        written = export(train.build_task(), FLAGS.model_dir, path, ema=FLAGS.ema)
+        task, folder = train.build_task(), FLAGS.output_dir
+        with _sigterm_stops("the export"):
+            written = export(task, FLAGS.model_dir, path, ema=FLAGS.ema, output_dir=folder)
         weights = "the EMA averages of " if FLAGS.ema else ""
         print(f"orbitask: exported {weights}{os.path.basename(path)} to {written}")
 

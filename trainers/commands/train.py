@@ -39,6 +39,13 @@ flags.DEFINE_string(
     "With --mode=eval: the checkpoint to evaluate (a ckpt-N prefix); default: the newest.",
     flag_values=FLAGS,
 )
+flags.DEFINE_string(
+    "output_dir",
+    None,
+    "Evaluation modes: eval/ summaries go here, and --model_dir is only read (it may be "
+    "read-only); default: --model_dir.",
+    flag_values=FLAGS,
+)
 
 
 def config_root() -> str:
@@ -219,6 +226,8 @@ def main(argv: list[str]) -> int:
         parse_gin(FLAGS.gin_file, FLAGS.gin_params)
         task = build_task()
         chosen = {"eval_checkpoint": FLAGS.checkpoint} if FLAGS.checkpoint else {}
+        if FLAGS.output_dir:
+            chosen["output_dir"] = FLAGS.output_dir
         run_experiment(task=task, model_dir=FLAGS.model_dir, mode=FLAGS.mode, **chosen)
 
     return run_reported(train)

@@ -180,6 +180,7 @@ def steps_of_epochs(epochs: int, epoch_length: Any, strategy: Any) -> int:
 
 def build_summaries(
     model_dir: str,
+    output_dir: str,
     global_step: tf.Variable,
     steps_per_loop: int,
     current_step: Callable[[], int],
@@ -187,8 +188,8 @@ def build_summaries(
     write_train: bool,
     write_eval: bool,
 ) -> SummaryManagers:
-    """The train and eval summary managers; one that does not write (`write_train` or
-    `write_eval` False) has no directory. Eager."""
+    """The train and eval summary managers, under `model_dir/train` and `output_dir/eval`; one
+    that does not write (`write_train` or `write_eval` False) has no directory. Eager."""
     return SummaryManagers(
         train=summaries.LoopSummaryManager(
             os.path.join(model_dir, "train") if write_train else None,
@@ -198,7 +199,7 @@ def build_summaries(
             current_step=current_step,
         ),
         eval=orbit.utils.SummaryManager(
-            os.path.join(model_dir, "eval") if write_eval else None, summaries.write, global_step
+            os.path.join(output_dir, "eval") if write_eval else None, summaries.write, global_step
         ),
     )
 

@@ -19,6 +19,7 @@ def run_experiment(
     model_dir: str = gin.REQUIRED,
     mode: str = "train_and_eval",
     eval_checkpoint: str | None = None,
+    output_dir: str | None = None,
     train_steps: int | None = gin.REQUIRED,
     train_epochs: int | None = _D["train_epochs"],
     global_batch_size: int = _D["global_batch_size"],
@@ -60,8 +61,10 @@ def run_experiment(
     task as it is (docs/porting_from_model_garden.md), whose `ExperimentConfig` `params` then
     gives the optimizer and schedule. `mode`: train, eval, train_and_eval, continuous_eval or
     eval_all (every checkpoint, oldest first). `eval_checkpoint`: the `ckpt-N` that mode eval
-    evaluates (None: the newest). Every other argument is the field of that name of one group
-    in `settings` (`LoopSettings`, ...), documented there; configs/defaults.gin lists them all.
+    evaluates (None: the newest). `output_dir`: where an evaluation mode writes `eval/` (None:
+    `model_dir`), so that `model_dir` may be read-only. Every other argument is the field of that
+    name of one group in `settings` (`LoopSettings`, ...), documented there; configs/defaults.gin
+    lists them all.
 
     Returns `{"train": logs, "eval": logs}`, plus `"export"` (the SavedModel folder) when one
     was written, `"evaluated"` (`{"checkpoint", "step", "eval"}` each) for eval_checkpoint or
@@ -70,7 +73,11 @@ def run_experiment(
     flat = dict(locals())
     task, model_dir, mode = flat.pop("task"), flat.pop("model_dir"), flat.pop("mode")
     params, eval_checkpoint = flat.pop("params"), flat.pop("eval_checkpoint")
+    output_dir = flat.pop("output_dir")
     if params is not None:
         task = model_garden.with_experiment(task, params)
     settings = Settings.from_flat(**flat)
-    return ExperimentRunner(task, model_dir, mode, settings, eval_checkpoint=eval_checkpoint).run()
+    runner = ExperimentRunner(
+        task, model_dir, mode, settings, eval_checkpoint=eval_checkpoint, output_dir=output_dir
+    )
+    return runner.run()

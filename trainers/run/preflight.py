@@ -7,9 +7,7 @@ to fix it, raised before any training work (or any checkpoint write) happens.
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
-import uuid
 from typing import Any
 
 import tensorflow as tf
@@ -35,22 +33,6 @@ class TrainObjects:
     optimizer: Any
     metrics: list
     global_batch_size: int
-
-
-def check_model_dir(model_dir: str) -> None:
-    """Creates `model_dir` if needed and proves it is writable."""
-    probe = os.path.join(model_dir, f".orbitask-write-test-{uuid.uuid4().hex}")
-    try:
-        tf.io.gfile.makedirs(model_dir)
-        with tf.io.gfile.GFile(probe, "w") as f:
-            f.write("ok")
-        tf.io.gfile.remove(probe)
-    except (tf.errors.OpError, OSError) as e:
-        reason = one_line(e, 200)
-        raise ConfigError(
-            f"--model_dir {model_dir!r} is not writable ({reason}); pass a directory you can "
-            "write to."
-        ) from e
 
 
 def check_inputs(

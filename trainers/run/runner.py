@@ -32,8 +32,8 @@ from orbitask.trainers.run import (
     batch_checks,
     builders,
     checkpointing,
+    folders,
     messages,
-    preflight,
     run_actions,
 )
 from orbitask.trainers.run.controller import Controller
@@ -53,6 +53,7 @@ class ExperimentRunner(ModeRunning):
       mode: "train", "eval", "train_and_eval", "continuous_eval" or "eval_all".
       settings: the run's `settings.Settings`.
       eval_checkpoint: with mode "eval", the checkpoint to evaluate instead of the newest.
+      output_dir: an evaluation mode's `eval/` goes here (None: `model_dir`).
 
     Raises:
       ConfigError: from the constructor, for a setting that needs no TensorFlow object.
@@ -65,11 +66,13 @@ class ExperimentRunner(ModeRunning):
         mode: str,
         settings: Settings,
         eval_checkpoint: str | None = None,
+        output_dir: str | None = None,
     ):
         task = model_garden.adapt(task)  # a Model Garden task runs as it is
         check_settings(task, model_dir, mode, settings)
         checkpointing.check_eval_checkpoint(eval_checkpoint, mode)
         self.eval_checkpoint = eval_checkpoint
+        self.output_dir = folders.output_dir(model_dir, output_dir, mode)  # eval/ goes there
         # Saved checkpoints evaluated one by one, each restored by the runner: they only read
         # the model directory (no best export, learning-rate control or operative config).
         self.evaluates_saved = mode == "eval_all" or eval_checkpoint is not None
@@ -136,7 +139,7 @@ class ExperimentRunner(ModeRunning):
         if self.chief:
             nan_guard = self.settings.features.nan_guard
             messages.run_start(self.strategy, self.task, nan_guard, self.training)
-        preflight.check_model_dir(self.model_dir)
+        folders.check_model_dir(self.model_dir, self.output_dir, self.training)
         self.model_dir_lock.take(self.chief and self.training)  # refused if another run holds it
         with self.strategy.scope():
             self.objects = self._build_objects()
@@ -194,14 +197,14 @@ class ExperimentRunner(ModeRunning):
         return steps
 
     def _build_summaries(self) -> builders.SummaryManagers:
-        """The train/ and eval/ summary managers: the chief's write, and evaluating saved
-        checkpoints writes no train/."""
+        """The train/ (a training run's) and eval/ summary managers; the chief's write."""
         return builders.build_summaries(
             self.model_dir,
+            self.output_dir,
             self.objects.global_step,
             self.settings.loop.steps_per_loop,
             self._step_now,
-            write_train=self.chief and not self.evaluates_saved,
+            write_train=self.chief and self.training,
             write_eval=self.chief,
         )
 
@@ -267,17 +270,13 @@ class ExperimentRunner(ModeRunning):
 
     def _build_progress(self) -> ProgressAction | None:
         """The chief's progress display, unless `progress` is off."""
-        global_step, loop = self.objects.global_step, self.settings.loop
-        return run_actions.build_progress(
-            loop, global_step, self.train_steps, self._step_now, self.chief
-        )
+        loop, step = self.settings.loop, self.objects.global_step
+        return run_actions.build_progress(loop, step, self.train_steps, self._step_now, self.chief)
 
     def _build_profiler(self) -> Profiler | None:
         """The profiler of `profile_steps`, or None."""
-        steps = self.settings.features.profile_steps
-        return run_actions.build_profiler(
-            steps, self.model_dir, self._step_now, self.trainer, self.chief
-        )
+        steps, folder = self.settings.features.profile_steps, self.model_dir
+        return run_actions.build_profiler(steps, folder, self._step_now, self.trainer, self.chief)
 
     def _build_train_entries(self) -> list[Periodic]:
         """The run's entries of the Controller's schedule, in order: callbacks (and a schedule's
@@ -340,7 +339,7 @@ class ExperimentRunner(ModeRunning):
             checkpoint_manager=None if self.evaluates_saved else manager,
             summary_manager=self.summaries.train,
             eval_summary_manager=self.summaries.eval,
-            eval_summary_dir=os.path.join(self.model_dir, "eval"),  # else Orbit reuses train/
+            eval_summary_dir=os.path.join(self.output_dir, "eval"),  # else Orbit reuses train/
         )
 
     def _validation_control(self) -> Any:

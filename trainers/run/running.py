@@ -217,7 +217,8 @@ class ModeRunning:
         self.summaries.eval.flush()
         step = int(self.objects.global_step.numpy())
         # eval_all said one line per checkpoint.
-        messages.run_end(step, self.results["eval"], self.model_dir, self.mode == "eval_all")
+        where = self.model_dir if self.training else self.output_dir
+        messages.run_end(step, self.results["eval"], where, self.mode == "eval_all", self.training)
 
 
 def run_controller(

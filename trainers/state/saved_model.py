@@ -30,6 +30,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from orbitask.tasks.errors import one_line
 from orbitask.trainers.engine import eval_inputs
 from orbitask.trainers.errors import ConfigError, NoSpaceError
 from orbitask.trainers.state.full_disk import is_no_space
@@ -59,10 +60,12 @@ def write(task: Any, model: Any, export_root: str, step: int, per_replica_batch_
       NoSpaceError: when the device is full (nothing of this export is left).
     """
     final = os.path.join(export_root, str(int(step)))
-    temporary = os.path.join(export_root, f"temp-{int(step)}-{uuid.uuid4().hex[:8]}")
+    name = f"temp-{int(step)}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    temporary = os.path.join(export_root, name)
     made_root = not tf.io.gfile.isdir(export_root)
     try:
         tf.io.gfile.makedirs(export_root)
+        _remove_abandoned(export_root)
         if isinstance(model, dict):
             for name, one in model.items():
                 if not isinstance(name, str) or _NAME.search(name):
@@ -80,6 +83,11 @@ def write(task: Any, model: Any, export_root: str, step: int, per_replica_batch_
             tf.io.gfile.rmtree(final)
         tf.io.gfile.rename(temporary, final)
     except (tf.errors.OpError, OSError) as e:
+        if _not_writable(e):
+            raise ConfigError(
+                f"cannot write the SavedModel under {export_root} ({one_line(e, 200)}); export "
+                "to a folder you can write to (orbitask export --output_dir=DIR)."
+            ) from None
         if not is_no_space(e):
             raise
         _remove(temporary)
@@ -92,6 +100,31 @@ def write(task: Any, model: Any, export_root: str, step: int, per_replica_batch_
     finally:
         _remove(temporary)
     return final
+
+
+def _not_writable(error: BaseException) -> bool:
+    if isinstance(error, (tf.errors.PermissionDeniedError, PermissionError)):
+        return True
+    return "Read-only file system" in str(error) or "Permission denied" in str(error)
+
+
+def _remove_abandoned(export_root: str) -> None:
+    """Removes the temporary folders of exports whose process has died (a kill -9), on this
+    machine: `temp-<step>-<pid>-<hex>` whose pid runs no more."""
+    for name in tf.io.gfile.listdir(export_root):
+        found = re.fullmatch(r"temp-\d+-(\d+)-[0-9a-f]{8}/?", name)
+        if found and not _running(int(found.group(1))):
+            _remove(os.path.join(export_root, name.rstrip("/")))
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _remove(folder: str) -> None:

@@ -1,0 +1,50 @@
+"""The folders a run writes: `--model_dir` when it trains; an evaluation's `eval/` under
+`--output_dir` where one is given (then `--model_dir` is only read, and may be read-only)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import tensorflow as tf
+
+from orbitask.tasks.errors import one_line
+from orbitask.trainers.errors import ConfigError
+
+
+def output_dir(model_dir: str, output_dir: str | None, mode: str) -> str:
+    """Where the run's `eval/` goes: `output_dir`, which only an evaluation mode takes, or
+    `model_dir`.
+
+    Raises:
+      ConfigError: for an `output_dir` in a training mode.
+    """
+    if output_dir is None or output_dir == model_dir:
+        return model_dir
+    if mode in ("train", "train_and_eval"):
+        raise ConfigError(
+            f"--output_dir is for the evaluation modes (eval, continuous_eval, eval_all); "
+            f"--mode={mode} writes under --model_dir. Drop --output_dir."
+        )
+    return output_dir
+
+
+def check_model_dir(model_dir: str, output_dir: str, training: bool) -> None:
+    """Creates the folder the run writes (`model_dir` when training, else `output_dir`) if
+    needed and proves it is writable; an evaluation only reads `model_dir`."""
+    folder = model_dir if training else output_dir
+    probe = os.path.join(folder, f".orbitask-write-test-{uuid.uuid4().hex}")
+    try:
+        tf.io.gfile.makedirs(folder)
+        with tf.io.gfile.GFile(probe, "w") as f:
+            f.write("ok")
+        tf.io.gfile.remove(probe)
+    except (tf.errors.OpError, OSError) as e:
+        reason = one_line(e, 200)
+        if folder != model_dir:
+            raise ConfigError(f"--output_dir {folder!r} is not writable ({reason}).") from e
+        hint = "" if training else " (an evaluation writes eval/ there: pass --output_dir=DIR)"
+        raise ConfigError(
+            f"--model_dir {model_dir!r} is not writable ({reason}){hint}; pass a directory you "
+            "can write to."
+        ) from e
