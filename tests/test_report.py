@@ -112,3 +112,17 @@ def test_report_imports_no_code_from_the_model_directory(model_dir, tmp_path, ca
     assert cli.main(["report", f"--model_dir={run}"]) == 0
     assert "best" in capsys.readouterr().out
     assert not marker.exists() and name not in sys.modules
+
+
+def test_the_steps_per_second_panel_shows_the_consoles_figure(tmp_path, capsys):
+    """The progress line's rate (steps since the first loop over their time) and the plotted one
+    agree; each summary point's own rate is another figure."""
+    run_experiment(TinyTask(), str(tmp_path), mode="train", train_steps=40, global_batch_size=8,
+                   steps_per_loop=5, loop_seconds=None)  # fmt: skip
+    last = capsys.readouterr().out.strip().splitlines()
+    console = [
+        float(x) for x in re.findall(r"^step 40/40 \| ([0-9.]+) steps/s", "\n".join(last), re.M)
+    ]
+    steps, rates = report.console_rate(*report.load_run(str(tmp_path)).train["steps_per_second"])
+    assert steps[-1] == 40 and len(console) == 1
+    assert abs(rates[-1] - console[0]) <= 0.05 * console[0] + 0.1, (rates, console)

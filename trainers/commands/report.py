@@ -152,8 +152,21 @@ def best(run: Run, metric: str) -> tuple[float, int]:
     return float(values[index]), int(steps[index])
 
 
+def console_rate(steps, rates) -> tuple:
+    """The steps/s the progress line shows at each train summary point after the first: the
+    steps since the first point over the time they took (each interval's steps over its
+    `steps_per_second`), not each interval's own rate. Eager; returns `(steps, rates)`."""
+    steps, rates = np.asarray(steps, float), np.asarray(rates, float)
+    if len(steps) < 2:
+        return steps, rates
+    gaps = np.diff(steps)
+    seconds = gaps / np.where(rates[1:] > 0, rates[1:], np.nan)
+    return steps[1:], np.cumsum(gaps) / np.nancumsum(seconds)
+
+
 def plot(run: Run, path: str, title: str = "") -> None:
-    """Writes a 2x2 PNG (1000x700 px): losses, eval metrics, learning rate, steps/s. Eager.
+    """Writes a 2x2 PNG (1000x700 px): losses, eval metrics, learning rate, steps/s (as the
+    progress line shows it, `console_rate`). Eager.
 
     Eval summaries whose name says loss or error go with the losses; the others are metrics.
     """
@@ -166,6 +179,8 @@ def plot(run: Run, path: str, title: str = "") -> None:
     tags = sorted(run.eval)
     eval_losses = [(f"eval {t}", run.eval, t) for t in tags if t != "loss" and minimised(t)]
     train_losses = [(f"train {t}", run.train, t) for t in _train_losses(run) if t != "loss"]
+    rate = run.train.get("steps_per_second")
+    speed = {"steps_per_second": console_rate(*rate)} if rate is not None else {}
     panels = [
         (
             "loss",
@@ -173,7 +188,7 @@ def plot(run: Run, path: str, title: str = "") -> None:
         ),
         ("eval metrics", [(t, run.eval, t) for t in tags if not minimised(t)]),
         ("learning rate", [("train", run.train, "learning_rate")]),
-        ("steps/s", [("train", run.train, "steps_per_second")]),
+        ("steps/s", [("train", speed, "steps_per_second")]),
     ]
     for ax, (name, lines) in zip(axes, panels, strict=True):
         drawn = 0
@@ -250,6 +265,8 @@ def report(model_dir: str, output: str | None = None, metric: str | None = None)
 
 def main(argv: list[str]) -> int:
     """`orbitask report` on `argv` (flags only). Prints the summary; returns the exit status."""
+    # Reading event files is no cause for TensorFlow's C++ start-up and data-reading lines.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     FLAGS.unparse_flags()
     if {"-h", "--help", "--helpfull"} & set(argv):
         print(f"usage: orbitask report --model_dir=DIR [FLAGS]\n\n{FLAGS.get_help().strip()}")

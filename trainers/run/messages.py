@@ -37,12 +37,8 @@ def eval_line(step: int, logs: dict) -> str | None:
     return f"eval at step {step}: {text}"
 
 
-def run_end(step: int, eval_logs: dict, folder: str, each_checkpoint: bool, training: bool) -> None:
-    """Says the last evaluation's line (unless `each_checkpoint` said one per checkpoint
-    evaluated) and where the checkpoints (`training`) or the evaluation's summaries are.
-    Eager; returns None."""
-    line = eval_line(step, eval_logs)
-    if line and not each_checkpoint:
-        say(line)
+def run_end(folder: str, training: bool) -> None:
+    """Says where the checkpoints (`training`) or the evaluation's summaries are (each
+    evaluation said its line). Eager; returns None."""
     written = "checkpoints" if training else "eval summaries"
     say(f"{written} in {folder}; TensorBoard: --logdir {folder}")

@@ -149,8 +149,12 @@ class ModeRunning:
         self.results["train"] = dict(output)
 
     def _keep_eval_logs(self, output: dict) -> None:
+        """Keeps an evaluation's logs, and says its line (the chief; eval_all says its own)."""
         sets = self.eval_dataset if isinstance(self.eval_dataset, dict) else ()
         self.results["eval"] = evaluation.flat_set_logs(output, sets)  # "<set>/<key>"
+        line = messages.eval_line(self._step_now(), self.results["eval"])
+        if line and self.chief and not self.evaluates_saved:
+            messages.say(line)
 
     def _run_mode(self) -> dict:
         eval_settings, global_step = self.settings.evaluation, self.objects.global_step
@@ -215,10 +219,8 @@ class ModeRunning:
         self.summaries.train.write_pending()
         self.summaries.train.flush()
         self.summaries.eval.flush()
-        step = int(self.objects.global_step.numpy())
-        # eval_all said one line per checkpoint.
         where = self.model_dir if self.training else self.output_dir
-        messages.run_end(step, self.results["eval"], where, self.mode == "eval_all", self.training)
+        messages.run_end(where, self.training)
 
 
 def run_controller(
