@@ -88,13 +88,14 @@ def test_train_steps_none_trains_one_epoch(tmp_path):
     assert step == 7
 
 
-def test_a_run_killed_mid_way_resumes_exactly(tmp_path):
-    # Checkpoints at steps 7 (an epoch's end) and 14; killed at step 17, in epoch 3.
+def test_a_run_stopped_mid_way_resumes_exactly(tmp_path):
+    # Checkpoints at steps 7 (an epoch's end) and 14; a callback's error at step 17, in epoch 3,
+    # saves the steps trained (an error outside the step): the run resumes mid-epoch from 17.
     settings = dict(train_steps=None, train_epochs=3, checkpoint_interval=7, steps_per_loop=3)
     _, full = _train(Finite(), tmp_path / "full", **settings)
     with pytest.raises(RuntimeError, match="killed at step 17"):
         _train(Finite(fail_at=17), tmp_path / "split", **settings)
-    assert tf.train.latest_checkpoint(str(tmp_path / "split")).endswith("ckpt-14")
+    assert tf.train.latest_checkpoint(str(tmp_path / "split")).endswith("ckpt-17")
     step, resumed = _train(Finite(), tmp_path / "split", **settings)
     assert step == 21
     _same_weights(full, resumed)

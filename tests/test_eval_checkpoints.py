@@ -118,6 +118,30 @@ def test_eval_all_evaluates_every_checkpoint_at_its_step_and_only_reads(model_di
     assert [line.split(":")[1].strip() for line in lines] == ["ckpt-2", "ckpt-4", "ckpt-6"], out
 
 
+def test_eval_all_started_again_goes_on_after_the_checkpoints_it_evaluated(
+    model_dir, tmp_path, capsys
+):
+    """A first eval_all sees ckpt-2 and ckpt-4 only (as one stopped before ckpt-6 would have
+    evaluated them); started again, it evaluates ckpt-6 alone: each step once in `eval/`."""
+    aside = tmp_path / "aside"
+    aside.mkdir()
+    for path in glob.glob(str(model_dir / "ckpt-6.*")):
+        shutil.move(path, aside)
+    first = _run(model_dir, "eval_all")
+    assert [e["step"] for e in first["evaluated"]] == [2, 4]
+    for path in aside.iterdir():
+        shutil.move(str(path), model_dir)
+    capsys.readouterr()
+    again = _run(model_dir, "eval_all")
+    assert [e["step"] for e in again["evaluated"]] == [6]
+    record = model_dir / "eval" / "evaluated_checkpoints.txt"
+    assert f"orbitask: eval_all: 2 checkpoint(s) evaluated before ({record})" in (
+        capsys.readouterr().out
+    )
+    assert record.read_text() == "ckpt-2\nckpt-4\nckpt-6\n"
+    assert sorted(_eval_points(model_dir)) == [2, 4, 6]
+
+
 def test_eval_of_a_chosen_checkpoint_from_elsewhere(model_dir, tmp_path, capsys):
     """A copy of ckpt-4 outside the model directory: its weights, evaluated at step 4 (not
     the newest checkpoint, 6); the model directory gains only its eval summary."""

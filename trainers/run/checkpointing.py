@@ -131,3 +131,12 @@ def record_settings(model_dir: str, objects: RunObjects, resumed: bool) -> None:
     lr_now = float(objects.lr.numpy()) if objects.lr_control.schedule is None else None
     for line in settings_record.record(model_dir, step, resumed, lr_now):
         messages.say(line)
+
+
+def evaluated_before(record: str) -> list[str]:
+    """The checkpoint names (`ckpt-N`) an earlier eval_all recorded in `record` as evaluated,
+    in order; none when there is no record. Eager."""
+    if not tf.io.gfile.exists(record):
+        return []
+    with tf.io.gfile.GFile(record) as f:
+        return [line.strip() for line in f if line.strip()]

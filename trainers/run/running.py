@@ -20,7 +20,7 @@ from orbitask.tasks import CallbackContext
 from orbitask.tasks.errors import one_line
 from orbitask.trainers.engine import evaluation, step_errors
 from orbitask.trainers.errors import EarlyStop
-from orbitask.trainers.run import messages
+from orbitask.trainers.run import checkpointing, messages
 from orbitask.trainers.run.controller import Controller
 from orbitask.trainers.run.settings import EvalSettings, Settings
 from orbitask.trainers.state import checkpoint_restore, full_disk, saved_model
@@ -190,8 +190,17 @@ class ModeRunning:
 
     def _evaluate_saved(self, eval_steps: int) -> None:
         """Evaluates each of `self.saved` in order at its own step: restored, evaluated, its
-        summaries written under `eval/` at that step, one line printed (eval_all). Eager."""
+        summaries written under `eval/` at that step, one line printed (eval_all). Eager.
+
+        eval_all records each checkpoint it evaluated in `eval/evaluated_checkpoints.txt`, and
+        goes on after them when started again (a stop, SIGTERM)."""
+        record = os.path.join(self.output_dir, "eval", "evaluated_checkpoints.txt")
+        done = checkpointing.evaluated_before(record) if self.mode == "eval_all" else []
+        if done:
+            messages.say(f"eval_all: {len(done)} checkpoint(s) evaluated before ({record})")
         for path in self.saved:
+            if os.path.basename(path) in done:
+                continue
             with self.strategy.scope():
                 checkpoint_restore.restore(self.checkpointing.checkpoint, path)
             step = int(self.objects.global_step.numpy())
@@ -199,8 +208,13 @@ class ModeRunning:
             self.summaries.eval.flush()
             logs = dict(self.results["eval"])
             self.results["evaluated"].append({"checkpoint": path, "step": step, "eval": logs})
+            line, name = messages.eval_line(step, logs), os.path.basename(path)
+            if line and self.chief:
+                messages.say(f"{name}: {line}" if self.mode == "eval_all" else line)
             if self.mode == "eval_all":
-                messages.say(f"{os.path.basename(path)}: {messages.eval_line(step, logs)}")
+                done.append(name)
+                if self.chief:
+                    full_disk.write_text(record, "".join(f"{n}\n" for n in done))
 
     def _export_at_end(self) -> None:
         """With `export_at_end`, the trained model (EMA averages if set) as a SavedModel."""
