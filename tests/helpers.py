@@ -15,6 +15,11 @@ def keras_module(flavour: str):
     return tf_keras if flavour == "tf_keras" else keras
 
 
+class Killed(BaseException):  # noqa: N818 -- a death, not an error
+    """Raised by a test's callback where the process should die: no handler of the run saves on
+    it (an `Exception` outside the step is saved first), so it stands for kill -9 there."""
+
+
 class TinyTask(Task):
     """3 classes from 6 features; optional L2; data in a fixed order (optionally shuffled)."""
 

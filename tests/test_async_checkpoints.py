@@ -19,7 +19,7 @@ from orbitask.trainers.errors import ConfigError
 from orbitask.trainers.state import checkpoint_files, checkpoints
 from orbitask.trainers.state.input_position import IteratorInput
 from tests import faults
-from tests.helpers import TinyTask
+from tests.helpers import Killed, TinyTask
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -41,7 +41,7 @@ class FailAt(Wide):
 
     def at_step(self):
         def fail(task, ctx):
-            raise RuntimeError(f"stopped at step {ctx.step}")
+            raise Killed(f"stopped at step {ctx.step}")
 
         return {self.fail_step: fail}
 
@@ -70,7 +70,7 @@ def test_the_last_save_is_complete_when_run_experiment_returns(tmp_path):
 
 @pytest.mark.slow
 def test_the_last_save_is_complete_when_the_run_raises(tmp_path):
-    with pytest.raises(RuntimeError, match="stopped at step 5"):
+    with pytest.raises(Killed, match="stopped at step 5"):
         _train(FailAt(5), tmp_path, 10)
     _complete(tmp_path, 4)
 

@@ -4,6 +4,7 @@ fresh start over checkpoints, never a checkpoint deleted or overwritten, except 
 whose step is trained again."""
 
 import hashlib
+import shutil
 
 import gin
 import numpy as np
@@ -239,3 +240,39 @@ def test_a_foreign_checkpoint_is_refused(tmp_path):
     assert f"checkpoint {tmp_path / 'ckpt-30'} does not restore this run" in text
     assert "train_model/" in text
     _kept(before, _files(tmp_path))
+
+
+class DeletesItsModelDir(TinyTask):
+    """A callback that deletes the model directory after step 6 (a user's `rm -rf`)."""
+
+    def __init__(self, model_dir, **kwargs):
+        super().__init__(**kwargs)
+        self.model_dir = model_dir
+
+    def at_step(self):
+        return {6: lambda task, ctx: shutil.rmtree(self.model_dir)}
+
+
+def _scalar_steps(folder) -> set:
+    steps = set()
+    for path in tf.io.gfile.glob(str(folder / "events.out.tfevents.*")):
+        steps |= {e.step for e in tf.compat.v1.train.summary_iterator(path) if e.summary.value}
+    return steps
+
+
+def test_a_model_dir_deleted_while_training_is_made_again_whole(tmp_path, capsys):
+    model = tmp_path / "run"
+    run_experiment(DeletesItsModelDir(str(model)), str(model), mode="train_and_eval",
+                   train_steps=12, global_batch_size=8, steps_per_loop=2, loop_seconds=None,
+                   checkpoint_interval=4, eval_interval=10, progress=False)  # fmt: skip
+    said = [x for x in capsys.readouterr().out.splitlines() if "was deleted" in x]
+    assert said == [
+        f"orbitask: --model_dir {model} was deleted during the run at step 6; making it again: "
+        "the lock, the settings record and new summary files now, the checkpoints from the next "
+        "save on"
+    ]
+    assert {"orbitask.lock", "operative_config.gin", "operative_config-6.gin"} <= {
+        p.name for p in model.iterdir()
+    }
+    assert tf.train.latest_checkpoint(str(model)).endswith("ckpt-12")
+    assert 12 in _scalar_steps(model / "train") and _scalar_steps(model / "eval") == {10, 12}

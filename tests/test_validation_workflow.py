@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from orbitask.tasks import MultiTask
 from orbitask.trainers import ConfigError, ValidationControl, run_experiment
-from tests.helpers import TinyTask
+from tests.helpers import Killed, TinyTask
 
 
 class Scored(TinyTask):
@@ -37,7 +37,7 @@ class Scored(TinyTask):
         iterations = int(ctx.optimizer.iterations.numpy())
         self.visits.append(dict(ctx.logs, iterations=iterations))
         if key == self.crash_at:
-            raise RuntimeError(f"killed after step {ctx.step}")
+            raise Killed(f"killed after step {ctx.step}")
 
     def reduce_aggregated_logs(self, aggregated_logs, global_step=None):
         logs = super().reduce_aggregated_logs(aggregated_logs, global_step)
@@ -131,7 +131,7 @@ def test_go_back_restores_the_best_and_a_killed_run_resumes_exactly(tmp_path, st
         return
     # Killed after the replay of step 7, resumed from the checkpoint saved on going back to 6.
     split = tmp_path / "split"
-    with pytest.raises(RuntimeError, match="killed after step 7"):
+    with pytest.raises(Killed, match="killed after step 7"):
         _run(Scored(GO_BACK_SCORES, crash_at=(7, 0.00625)), split, 8, _go_back(), **common)
     resumed = Scored(GO_BACK_SCORES)
     _run(resumed, split, 8, _go_back(), **common)

@@ -145,3 +145,16 @@ class LoopSummaryManager(orbit.utils.SummaryManager):
         if self._unflushed:
             super().flush()
             self._unflushed = False
+
+
+def reopen(manager: orbit.utils.SummaryManager) -> None:
+    """Drops `manager`'s file writers (their files were deleted with their folder); the next
+    `summary_writer()` makes new files, and a `LoopSummaryManager`'s kept scalars go there.
+    Eager; returns None."""
+    if isinstance(manager, LoopSummaryManager) and manager._thread is not None:  # noqa: SLF001
+        manager._thread.shutdown(wait=True)  # noqa: SLF001 -- writes to the lost files end
+        manager._thread, manager._pending = None, []  # noqa: SLF001
+    manager._summary_writers.clear()  # noqa: SLF001 -- Orbit keeps its writers there
+    if isinstance(manager, LoopSummaryManager) and manager.enabled:
+        manager.scalars.writer = manager.summary_writer()
+        manager.scalars._write_fn = None  # noqa: SLF001 -- traced again with the new writer

@@ -59,11 +59,13 @@ def train_entries(
     profiler: Profiler | None,
     nan_guard: Callable[[dict], None] | None,
     preemption: PreemptionWatcher,
+    model_dir_check: Callable[[], None] | None = None,
 ) -> list[Periodic]:
     """The run's entries of the Controller's schedule, in order (`actions.schedule`):
     `callbacks` (their triggers end loops), a schedule's rate they assigned, `keep_logs`,
     progress, the profiler (its window ends loops), the NaN guard's action, SIGTERM's
-    `preemption`. The Controller's summaries, checkpoint and evaluation follow them."""
+    `preemption`, `model_dir_check` (None: none). The Controller's summaries, checkpoint and
+    evaluation follow them."""
     entries = [Periodic("callbacks", callbacks, when=callbacks, ends_loop=True)]
     if lr_control.schedule is not None:  # a callback's `ctx.lr.assign` lasts
         entries.append(Periodic("learning_rate", lr_control.keep_assigned))
@@ -76,6 +78,8 @@ def train_entries(
         # Before the Controller's checkpoint: a rollback must precede any save.
         entries.append(Periodic("nan_guard", nan_guard))
     entries.append(Periodic("preemption", preemption))  # saves the state the others left
+    if model_dir_check is not None:  # before anything writes into the model directory
+        entries.append(Periodic("model_dir", lambda _: model_dir_check()))
     return entries
 
 

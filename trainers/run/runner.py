@@ -295,6 +295,7 @@ class ExperimentRunner(ModeRunning):
             profiler=self.profiler,
             nan_guard=nan_guard,
             preemption=self.preemption,
+            model_dir_check=self._recreate_if_deleted if self.chief and self.training else None,
         )
 
     def _build_eval_actions(self) -> list:

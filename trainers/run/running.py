@@ -18,12 +18,13 @@ from absl import logging
 
 from orbitask.tasks import CallbackContext
 from orbitask.tasks.errors import one_line
+from orbitask.trainers.actions import summaries
 from orbitask.trainers.engine import evaluation, step_errors
 from orbitask.trainers.errors import EarlyStop
 from orbitask.trainers.run import checkpointing, messages
 from orbitask.trainers.run.controller import Controller
 from orbitask.trainers.run.settings import EvalSettings, Settings
-from orbitask.trainers.state import checkpoint_restore, full_disk, saved_model
+from orbitask.trainers.state import checkpoint_restore, full_disk, saved_model, settings_record
 
 
 class ModeRunning:
@@ -115,6 +116,26 @@ class ModeRunning:
         worker)."""
         path = self.controller.save_now()
         return path if self.chief else os.path.join(self.model_dir, os.path.basename(path))
+
+    def _recreate_if_deleted(self) -> None:
+        """After each device loop (before its summaries and saves): a model directory deleted
+        during the run is said in one line and made again whole (the next save writes the
+        checkpoint): the lock, the settings record and new summary files. Eager, the chief of
+        a training run."""
+        if tf.io.gfile.isdir(self.model_dir):
+            return
+        messages.say(
+            f"--model_dir {self.model_dir} was deleted during the run at step {self._step_now()}; "
+            "making it again: the lock, the settings record and new summary files now, the "
+            "checkpoints from the next save on"
+        )
+        tf.io.gfile.makedirs(self.model_dir)
+        self.model_dir_lock.release()
+        self.model_dir_lock.take(True)
+        settings_record.record(self.model_dir, self._step_now(), resumed=False, lr_now=None)
+        for manager in (self.summaries.train, self.summaries.eval):
+            summaries.reopen(manager)
+        self.callbacks.summary_writer = self.summaries.train.summary_writer()
 
     def _where(self) -> str | None:
         """What the run is doing: a schedule entry's name, or the trainer's phase."""
