@@ -3,6 +3,7 @@
 import os
 import re
 import shutil
+import subprocess
 import sys
 
 import pytest
@@ -126,3 +127,15 @@ def test_the_steps_per_second_panel_shows_the_consoles_figure(tmp_path, capsys):
     steps, rates = report.console_rate(*report.load_run(str(tmp_path)).train["steps_per_second"])
     assert steps[-1] == 40 and len(console) == 1
     assert abs(rates[-1] - console[0]) <= 0.05 * console[0] + 0.1, (rates, console)
+
+
+@pytest.mark.slow
+def test_the_command_prints_no_tensorflow_start_up_lines(model_dir):
+    command = [sys.executable, "-m", "orbitask.trainers.commands.cli", "report"]
+    quiet = ("CUDA_VISIBLE_DEVICES", "TF_CPP_MIN_LOG_LEVEL")  # as a user's shell has them
+    env = {k: v for k, v in os.environ.items() if k not in quiet}
+    done = subprocess.run(
+        [*command, f"--model_dir={model_dir}"], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "" and done.stdout.startswith("run "), done.stderr

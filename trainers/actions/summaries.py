@@ -82,6 +82,7 @@ class LoopSummaryManager(orbit.utils.SummaryManager):
         self._thread: ThreadPoolExecutor | None = None
         self._pending: list[Future] = []
         self.scalars = ScalarBatch(self.summary_writer())
+        self.metrics: Any = None  # a `MetricsFile` that also gets each loop's scalars
         if self.enabled:  # trace the writer now, in setup, not in the first loop's host work
             self.scalars.write((), (), ())
 
@@ -92,6 +93,8 @@ class LoopSummaryManager(orbit.utils.SummaryManager):
             self.scalars.write_kept(write=False)
             return
         step = self.current_step()
+        if self.metrics is not None:
+            self.metrics.write(step, "train", summary_dict)
         others = {}
         for name, value in summary_dict.items():
             if isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(
@@ -145,6 +148,18 @@ class LoopSummaryManager(orbit.utils.SummaryManager):
         if self._unflushed:
             super().flush()
             self._unflushed = False
+
+
+class EvalSummaryManager(orbit.utils.SummaryManager):
+    """Orbit's `SummaryManager` for `eval/`, whose `metrics` (a `MetricsFile`, or None) also
+    gets each evaluation's scalars."""
+
+    metrics: Any = None
+
+    def write_summaries(self, summary_dict) -> None:
+        super().write_summaries(summary_dict)
+        if self.metrics is not None:
+            self.metrics.write_eval(int(self._global_step.numpy()), summary_dict)
 
 
 def reopen(manager: orbit.utils.SummaryManager) -> None:

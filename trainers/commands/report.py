@@ -19,6 +19,8 @@ import sys
 import numpy as np
 from absl import flags
 
+from orbitask.trainers.state import metrics_file
+
 FLAGS = flags.FlagValues()
 flags.DEFINE_string("model_dir", None, "The run's --model_dir.", flag_values=FLAGS)
 flags.DEFINE_string(
@@ -83,7 +85,8 @@ def read_events(path: str) -> list[tuple[str, int, float, float]]:
 
 
 def load_run(model_dir: str) -> Run:
-    """Reads every event file of `model_dir/train` and `model_dir/eval`. Eager.
+    """Reads every event file of `model_dir/train` and `model_dir/eval` (the processes' times),
+    and the series from `metrics.jsonl` where the run wrote one, else from the events. Eager.
 
     Raises:
       ReportError: when the directory is missing or holds no event files.
@@ -111,7 +114,32 @@ def load_run(model_dir: str) -> Run:
             f"no TensorBoard event files in {os.path.join(model_dir, 'train')} or "
             f"{os.path.join(model_dir, 'eval')}; pass the --model_dir you trained with."
         )
-    return Run(series["train"], series["eval"], [end - start for start, end in spans.values()])
+    seconds = [end - start for start, end in spans.values()]
+    metrics = os.path.join(model_dir, metrics_file.NAME)
+    if os.path.isfile(metrics):  # rewound on every resume: each split and step once
+        series = _series_of(metrics_file.read(metrics))
+    return Run(series["train"], series["eval"], seconds)
+
+
+def _series_of(rows: list[dict]) -> dict[str, Series]:
+    """`{"train": series, "eval": series}` of a metrics file's rows; a validation set's scalars
+    are `<set>/<name>` among the eval ones."""
+    found: dict[str, dict[str, dict[int, float]]] = {"train": {}, "eval": {}}
+    for row in rows:
+        split, _, name = str(row["split"]).partition("/")
+        if split not in found:
+            continue
+        for key, value in row.items():
+            if key not in ("step", "split") and isinstance(value, (int, float)):
+                tag = f"{name}/{key}" if name else key
+                found[split].setdefault(tag, {})[int(row["step"])] = float(value)
+    return {
+        split: {
+            tag: (np.array(sorted(by_step)), np.array([by_step[s] for s in sorted(by_step)]))
+            for tag, by_step in tags.items()
+        }
+        for split, tags in found.items()
+    }
 
 
 def minimised(name: str) -> bool:

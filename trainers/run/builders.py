@@ -33,6 +33,7 @@ from orbitask.trainers.run.settings import (
     check_nan_guard_step,
     check_replicas,
 )
+from orbitask.trainers.state import metrics_file
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,19 +190,21 @@ def build_summaries(
     write_eval: bool,
 ) -> SummaryManagers:
     """The train and eval summary managers, under `model_dir/train` and `output_dir/eval`; one
-    that does not write (`write_train` or `write_eval` False) has no directory. Eager."""
-    return SummaryManagers(
-        train=summaries.LoopSummaryManager(
-            os.path.join(model_dir, "train") if write_train else None,
-            summaries.write,
-            global_step,
-            interval=10 * steps_per_loop,
-            current_step=current_step,
-        ),
-        eval=orbit.utils.SummaryManager(
-            os.path.join(output_dir, "eval") if write_eval else None, summaries.write, global_step
-        ),
+    that does not write (`write_train` or `write_eval` False) has no directory. Those that
+    write also append their scalars to the folder's `metrics.jsonl` (`MetricsFile`). Eager."""
+    train = summaries.LoopSummaryManager(
+        os.path.join(model_dir, "train") if write_train else None,
+        summaries.write,
+        global_step,
+        interval=10 * steps_per_loop,
+        current_step=current_step,
     )
+    evaluation = summaries.EvalSummaryManager(
+        os.path.join(output_dir, "eval") if write_eval else None, summaries.write, global_step
+    )
+    train.metrics = metrics_file.MetricsFile(model_dir) if write_train else None
+    evaluation.metrics = metrics_file.MetricsFile(output_dir) if write_eval else None
+    return SummaryManagers(train=train, eval=evaluation)
 
 
 def build_eval_input(task: Any, strategy: Any, global_batch_size: int, eval_steps: int | None):

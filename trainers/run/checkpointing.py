@@ -14,7 +14,7 @@ from orbitask.trainers.errors import ConfigError
 from orbitask.trainers.run import messages
 from orbitask.trainers.run.builders import RunObjects
 from orbitask.trainers.run.settings import Settings
-from orbitask.trainers.state import checkpoints, random_state, settings_record
+from orbitask.trainers.state import checkpoints, metrics_file, random_state, settings_record
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,14 +123,19 @@ def checkpoints_to_evaluate(
     return saved
 
 
-def record_settings(model_dir: str, objects: RunObjects, resumed: bool) -> None:
-    """Writes this training start's operative config (`settings_record`); a resume that changed
-    settings names them in one line, with a note where the checkpoint's state overrides one.
-    Eager, the chief, once the run is accepted (its checkpoint restored)."""
+def record_start(model_dir: str, objects: RunObjects, state: Checkpointing) -> None:
+    """A training start's records, once the run is accepted (its checkpoint restored): its
+    operative config (`settings_record`; a resume that changed settings names them in one line,
+    with a note where the checkpoint's state overrides one), and `metrics.jsonl` rewound to the
+    checkpoint (`MetricsFile.rewind`). Eager, the chief."""
     step = int(objects.global_step.numpy())
+    resumed = state.manager.latest_checkpoint is not None
     lr_now = float(objects.lr.numpy()) if objects.lr_control.schedule is None else None
     for line in settings_record.record(model_dir, step, resumed, lr_now):
         messages.say(line)
+    evaluated = getattr(state.checkpoint, "evaluated_step", None)
+    last_eval = step if evaluated is None else int(evaluated.numpy())
+    metrics_file.MetricsFile(model_dir).rewind(step, max(last_eval, -1))
 
 
 def evaluated_before(record: str) -> list[str]:

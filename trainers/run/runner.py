@@ -163,8 +163,7 @@ class ExperimentRunner(ModeRunning):
         self.controller = self._build_controller()  # restores the newest checkpoint
         # Only now, the run accepted: a refused command leaves the run's record as it was.
         if self.chief and self.training:
-            resumed = self.checkpointing.manager.latest_checkpoint is not None
-            checkpointing.record_settings(self.model_dir, self.objects, resumed)
+            checkpointing.record_start(self.model_dir, self.objects, self.checkpointing)
 
     def _build_strategy(self) -> tf.distribute.Strategy:
         """Seeds and logical CPU devices first (they must precede TensorFlow's start)."""
