@@ -24,7 +24,13 @@ from orbitask.trainers.errors import EarlyStop
 from orbitask.trainers.run import checkpointing, messages
 from orbitask.trainers.run.controller import Controller
 from orbitask.trainers.run.settings import EvalSettings, Settings
-from orbitask.trainers.state import checkpoint_restore, full_disk, saved_model, settings_record
+from orbitask.trainers.state import (
+    checkpoint_restore,
+    full_disk,
+    run_facts,
+    saved_model,
+    settings_record,
+)
 
 
 class ModeRunning:
@@ -40,6 +46,12 @@ class ModeRunning:
             self.task.initialize(objects.model)
             if warm_start is not None:
                 warm_start.apply(objects.model)
+        self.facts = None
+        if self.training and self.chief:  # run.json, model_summary.txt, the models' sizes
+            self.facts = run_facts.RunFacts(self.model_dir)
+            batch, step = self.settings.loop.global_batch_size, self._step_now()
+            for line in self.facts.start(objects.model, self.strategy, batch, self.mode, step):
+                messages.say(line)
         attached = self.progress.attached() if self.progress else contextlib.nullcontext()
         failed = False
         with attached:
@@ -54,6 +66,8 @@ class ModeRunning:
                 return self.results
             except BaseException as e:  # SIGTERM (exit 75) and errors: the async write ends first
                 failed = True
+                if self.facts is not None:
+                    self.facts.end(self._step_now(), type(e).__name__)
                 if full_disk.is_unhandled(e):  # e.g. summaries: the steps taken are saved first
                     raise self._save_for_full_disk(e) from None
                 manager.sync_after_error()
@@ -254,6 +268,8 @@ class ModeRunning:
         self.summaries.train.write_pending()
         self.summaries.train.flush()
         self.summaries.eval.flush()
+        if self.facts is not None and (line := self.facts.end(self._step_now(), "finished")):
+            messages.say(line)
         where = self.model_dir if self.training else self.output_dir
         messages.run_end(where, self.training)
 
