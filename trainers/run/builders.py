@@ -191,7 +191,8 @@ def build_summaries(
 ) -> SummaryManagers:
     """The train and eval summary managers, under `model_dir/train` and `output_dir/eval`; one
     that does not write (`write_train` or `write_eval` False) has no directory. Those that
-    write also append their scalars to the folder's `metrics.jsonl` (`MetricsFile`). Eager."""
+    write also append their scalars to `metrics.jsonl` (`MetricsFile`): the model directory's
+    in a training run, `output_dir/eval/metrics.jsonl` in an evaluation mode. Eager."""
     train = summaries.LoopSummaryManager(
         os.path.join(model_dir, "train") if write_train else None,
         summaries.write,
@@ -203,7 +204,9 @@ def build_summaries(
         os.path.join(output_dir, "eval") if write_eval else None, summaries.write, global_step
     )
     train.metrics = metrics_file.MetricsFile(model_dir) if write_train else None
-    evaluation.metrics = metrics_file.MetricsFile(output_dir) if write_eval else None
+    # An evaluation mode writes only eval/ (a training run may be appending to its own file).
+    folder = output_dir if write_train else os.path.join(output_dir, "eval")
+    evaluation.metrics = metrics_file.MetricsFile(folder) if write_eval else None
     return SummaryManagers(train=train, eval=evaluation)
 
 

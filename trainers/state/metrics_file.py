@@ -12,7 +12,8 @@ Python's `json` and pandas read them). `pandas.read_json(path, lines=True)` read
 A training run resumed from a checkpoint first drops the lines past it: train lines past the
 checkpoint's step, evaluation lines past the last evaluation it records, so that after a kill -9
 and a resume the file is an uninterrupted run's (each split and step once, steps rising). An
-evaluation mode appends to the file of its output folder.
+evaluation mode (which writes nothing outside `eval/`) appends to `eval/metrics.jsonl` of its
+output folder.
 """
 
 from __future__ import annotations

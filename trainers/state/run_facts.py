@@ -54,7 +54,7 @@ def summary_text(model: Any) -> str:
     parts = []
     for name, one in _models(model).items():
         lines: list[str] = []
-        if hasattr(one, "summary"):
+        if hasattr(one, "summary") and getattr(one, "built", True):
             one.summary(print_fn=lambda text, into=lines, **_: into.append(str(text)))
         else:
             lines = [f"{v.name} {list(v.shape)} {v.dtype.name}" for v in one.variables]
