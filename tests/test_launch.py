@@ -72,6 +72,7 @@ def test_workers_get_tf_config_and_prefixed_output():
     assert len(workers) == 2 and len(set(workers)) == 2
     assert all(w.startswith("127.0.0.1:") for w in workers)
     assert "[worker 0] cluster" in text and "[worker 1] cluster" in text
+    assert text.splitlines()[-1] == "orbitask launch: the job finished"  # after every worker's
 
 
 def test_the_binary_gets_the_strategy_of_the_cluster():
