@@ -17,6 +17,7 @@ the other objects are then in their state at the end of the loop).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -99,11 +100,24 @@ def deferred(fn: Callback, batch: Callable | None = None) -> Callback:
     write all their summaries at once); it may run without a default summary writer, so it
     writes through `contexts[i].summary_writer` or keeps points in `contexts[i].scalars`. Not
     for callbacks that change the model, optimizer or learning rate: those must run at their
-    exact step.
+    exact step. A callable that takes no attributes (a bound method) comes back wrapped.
     """
-    fn.deferred = True
-    fn.run_batch = batch
+    try:
+        fn.deferred = True
+        fn.run_batch = batch
+    except AttributeError:  # a bound method, a builtin: mark a wrapper instead
+        fn = _wrapped(fn)
+        fn.deferred = True
+        fn.run_batch = batch
     return fn
+
+
+def _wrapped(fn: Callback) -> Callback:
+    @functools.wraps(fn)
+    def call(task: Any, ctx: CallbackContext) -> Any:
+        return fn(task, ctx)
+
+    return call
 
 
 def is_deferred(fn: Callback) -> bool:

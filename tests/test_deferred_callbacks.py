@@ -207,3 +207,24 @@ def test_a_recording_loop_returns_the_last_steps_logs_like_a_plain_one(tmp_path,
     assert recorded["train"]["seven"] == plain["train"]["seven"] == 7
     loss = recorded["train"]["loss"]
     assert recorded["train"]["pair"].tolist() == pytest.approx([loss, 2 * loss])
+
+
+class MethodCallback(TinyTask):
+    """A bound method, marked deferred (a method takes no attributes: it comes back wrapped)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.steps = []
+
+    def note(self, task, ctx):
+        self.steps.append(ctx.step)
+
+    def every_steps(self):
+        return {3: deferred(self.note)}
+
+
+def test_a_bound_method_can_be_deferred(tmp_path, loops):
+    task = MethodCallback()
+    _train(task, tmp_path, steps_per_loop=100, loop_seconds=None)
+    assert task.steps == [3, 6, 9, 12, 15, 18, 21]
+    assert loops["loops"] == 1  # deferred: no loop ended at its steps

@@ -80,3 +80,24 @@ def test_rewind_drops_train_and_eval_lines_past_their_steps(tmp_path):
         (4, "train"), (4, "eval"), (4, "eval/clean"),
         (6, "train"),
     ]  # fmt: skip
+
+
+def _tensorboard_steps(folder, tag: str) -> list[int]:
+    """The steps TensorBoard's reader shows for `tag` (it drops the points a restart orphans)."""
+    from tensorboard.backend.event_processing import plugin_event_accumulator
+
+    reader = plugin_event_accumulator.EventAccumulator(str(folder))
+    reader.Reload()
+    return [event.step for event in reader.Tensors(tag)]
+
+
+def test_tensorboard_shows_a_resumed_run_as_an_uninterrupted_one(tmp_path):
+    """Killed after step 7 with points written to step 6; the resume marks its restart at the
+    checkpoint's step, and TensorBoard's reader shows each step once."""
+    _run(DiesAt(), tmp_path / "whole")
+    with pytest.raises(Killed):
+        _run(DiesAt(at=7), tmp_path / "split")
+    _run(DiesAt(), tmp_path / "split")
+    for split, tag in (("train", "loss"), ("eval", "accuracy")):
+        whole = _tensorboard_steps(tmp_path / "whole" / split, tag)
+        assert _tensorboard_steps(tmp_path / "split" / split, tag) == whole, split

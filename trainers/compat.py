@@ -22,6 +22,9 @@ tasks layer does not import this one). The other places that reach private API, 
   manager's state file.
 - `tasks/base.py`, `trainers/actions/callback_action.py`: `tf.__internal__.tracking.Trackable`,
   to tell what a checkpoint can hold.
+- `trainers/actions/summaries.py` (`reopen`): an Orbit `SummaryManager`'s `_summary_writers`, and
+  the `LoopSummaryManager`'s own writer thread and traced write, to drop the writers of files
+  deleted with their folder.
 """
 
 from __future__ import annotations
@@ -30,7 +33,9 @@ import contextlib
 import logging as logging_std
 import os
 import random
+import time
 from collections.abc import Iterator
+from typing import Any
 
 import gin
 import numpy as np
@@ -81,6 +86,21 @@ def gin_macros() -> tuple[set[str], set[str]]:
     bound = {scope for scope, selector in config if selector == "gin.macro"}
     references = gin.config.iterate_references(config)
     return bound, {ref.scopes[-1] for ref in references if ref.selector == "gin.macro"}
+
+
+def write_session_start(writer: Any, step: int) -> None:
+    """Writes a `SessionLog.START` event at `step` into the summary `writer`: TensorBoard's reader
+    then drops the points past `step` that an earlier process wrote (a resume's orphans). Eager.
+
+    TF 2 has no public call for it; `summary_ops_v2.import_event` writes a raw `Event`.
+    """
+    from tensorflow.python.ops import summary_ops_v2
+
+    start = tf.compat.v1.SessionLog(status=tf.compat.v1.SessionLog.START)
+    event = tf.compat.v1.Event(wall_time=time.time(), step=int(step), session_log=start)
+    with writer.as_default():
+        summary_ops_v2.import_event(tf.constant(event.SerializeToString()))
+    writer.flush()
 
 
 def manager_settings(manager: tf.train.CheckpointManager) -> dict:

@@ -8,6 +8,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from orbitask.trainers import compat
 from orbitask.trainers.distribution import cluster
 from orbitask.trainers.engine import evaluation
 from orbitask.trainers.errors import ConfigError
@@ -123,11 +124,13 @@ def checkpoints_to_evaluate(
     return saved
 
 
-def record_start(model_dir: str, objects: RunObjects, state: Checkpointing) -> None:
+def record_start(model_dir: str, objects: RunObjects, state: Checkpointing, summaries: Any) -> None:
     """A training start's records, once the run is accepted (its checkpoint restored): its
     operative config (`settings_record`; a resume that changed settings names them in one line,
     with a note where the checkpoint's state overrides one), and `metrics.jsonl` rewound to the
-    checkpoint (`MetricsFile.rewind`). Eager, the chief."""
+    checkpoint (`MetricsFile.rewind`); a start marked in the train and eval summaries
+    (`compat.write_session_start`), so that TensorBoard drops the points a resume orphans.
+    Eager, the chief."""
     step = int(objects.global_step.numpy())
     resumed = state.manager.latest_checkpoint is not None
     lr_now = float(objects.lr.numpy()) if objects.lr_control.schedule is None else None
@@ -136,6 +139,11 @@ def record_start(model_dir: str, objects: RunObjects, state: Checkpointing) -> N
     evaluated = getattr(state.checkpoint, "evaluated_step", None)
     last_eval = step if evaluated is None else int(evaluated.numpy())
     metrics_file.MetricsFile(model_dir).rewind(step, max(last_eval, -1))
+    # TensorBoard's reader takes a run's first START as its beginning, and each later one as a
+    # restart that drops the points at and past its step: those past the checkpoint here.
+    after = 1 if resumed else 0
+    compat.write_session_start(summaries.train.summary_writer(), step + after)
+    compat.write_session_start(summaries.eval.summary_writer(), max(last_eval, 0) + after)
 
 
 def evaluated_before(record: str) -> list[str]:

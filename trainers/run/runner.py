@@ -163,7 +163,7 @@ class ExperimentRunner(ModeRunning):
         self.controller = self._build_controller()  # restores the newest checkpoint
         # Only now, the run accepted: a refused command leaves the run's record as it was.
         if self.chief and self.training:
-            checkpointing.record_start(self.model_dir, self.objects, self.checkpointing)
+            self._record_start()
 
     def _build_strategy(self) -> tf.distribute.Strategy:
         """Seeds and logical CPU devices first (they must precede TensorFlow's start)."""

@@ -131,6 +131,11 @@ class ModeRunning:
         path = self.controller.save_now()
         return path if self.chief else os.path.join(self.model_dir, os.path.basename(path))
 
+    def _record_start(self) -> None:
+        """A training start's records (`checkpointing.record_start`). Eager, the chief."""
+        state, summaries_ = self.checkpointing, self.summaries
+        checkpointing.record_start(self.model_dir, self.objects, state, summaries_)
+
     def _recreate_if_deleted(self) -> None:
         """After each device loop (before its summaries and saves): a model directory deleted
         during the run is said in one line and made again whole (the next save writes the
