@@ -56,6 +56,18 @@ def test_accumulating_k_batches_equals_one_batch_k_times_larger(tmp_path, strate
         ("exponential", dict(decay_steps=10, decay_rate=0.5), {0: 0.1, 10: 0.05, 20: 0.025}),
         ("cosine", dict(decay_steps=10), {0: 0.1, 5: 0.05, 10: 0.0}),
         ("constant", dict(warmup_steps=4), {0: 0.0, 2: 0.05, 4: 0.1, 9: 0.1}),
+        (
+            "piecewise",
+            dict(boundaries=(2, 4), values=(0.1, 0.05, 0.01)),
+            {0: 0.1, 2: 0.1, 3: 0.05, 5: 0.01},
+        ),
+        ("polynomial", dict(decay_steps=10, end=0.0, power=2.0), {0: 0.1, 5: 0.025, 10: 0.0}),
+        ("inverse_sqrt", {}, {0: 0.1, 4: 0.05, 16: 0.025}),
+        (
+            "cosine_restarts",
+            dict(decay_steps=4, t_mul=2.0, m_mul=0.5),
+            {0: 0.1, 2: 0.05, 4: 0.05, 8: 0.025},
+        ),
     ],
 )
 def test_schedules_drive_the_rate_at_every_step(tmp_path, kind, kwargs, at):
@@ -106,6 +118,26 @@ def test_schedule_moves_sgd_weights_by_exactly_the_scheduled_rate(tmp_path, flav
     assert task.seen.column("optimizer_lr") == pytest.approx(rates, rel=1e-6)
     moved = [float(w[0].item()) for w in task.seen.column("weights")]
     assert moved == pytest.approx(-np.cumsum(rates), rel=1e-5)
+
+
+def test_inverse_sqrt_with_warm_up_is_the_transformer_tutorials_schedule():
+    """TensorFlow's Transformer tutorial: `d_model ** -0.5 * min(step ** -0.5, step *
+    warmup_steps ** -1.5)`, its `CustomSchedule` as the tutorial writes it."""
+    d_model, warmup = 128, 4000
+
+    def tutorial(step):
+        step = tf.cast(step, tf.float32)
+        arg1, arg2 = tf.math.rsqrt(step), step * (warmup**-1.5)
+        return tf.math.rsqrt(tf.cast(d_model, tf.float32)) * tf.math.minimum(arg1, arg2)
+
+    ours = learning_rate_schedule("inverse_sqrt", initial=d_model**-0.5, warmup_steps=warmup)
+    for step in (1, 100, 3999, 4000, 4001, 20000):
+        assert float(ours(step)) == pytest.approx(float(tutorial(step)), rel=1e-5), step
+
+
+def test_piecewise_needs_one_value_more_than_boundaries():
+    with pytest.raises(ValueError, match=r"one rate more than boundaries .* values=\(0.1,\)"):
+        learning_rate_schedule("piecewise", boundaries=(5,), values=(0.1,))
 
 
 def test_schedule_needs_decay_steps():

@@ -26,7 +26,9 @@ import tf_keras
 from orbitask.tasks import keras_compat, setting_rules
 from orbitask.trainers.errors import ConfigError
 
-KINDS = ("constant", "exponential", "cosine")
+KINDS = ("constant", "exponential", "cosine", "piecewise", "polynomial", "inverse_sqrt",
+         "cosine_restarts")  # fmt: skip
+_DECAYING = ("exponential", "cosine", "polynomial", "cosine_restarts")  # need decay_steps
 DEFAULT_RATE = 1e-3  # what build_optimizer gets when run_experiment.learning_rate is unset
 
 
@@ -39,47 +41,97 @@ def learning_rate_schedule(
     alpha: float = 0.0,
     warmup_steps: int = 0,
     warmup_start: float = 0.0,
+    boundaries: tuple = (),
+    values: tuple = (),
+    end: float = 0.0,
+    power: float = 1.0,
+    t_mul: float = 2.0,
+    m_mul: float = 1.0,
 ) -> Any:
     """Returns a `step -> learning rate` schedule. Eager; the result is traced into the step.
 
+    Each kind is Keras's (tf_keras) or Model Garden's schedule of that name:
+
+    - "constant": `initial`.
+    - "exponential" (nabu): `initial * decay_rate ** (step / decay_steps)` (`ExponentialDecay`).
+    - "cosine": to `alpha * initial` at `decay_steps` (`CosineDecay`).
+    - "piecewise" (stepwise): `values[i]` up to `boundaries[i]`, the last value after the last
+      boundary (`PiecewiseConstantDecay`; one more value than boundaries).
+    - "polynomial": from `initial` to `end` at `decay_steps` along `(1 - step / decay_steps) **
+      power` (`PolynomialDecay`).
+    - "inverse_sqrt" (the Transformer's): `initial * step ** -0.5` (Model Garden's
+      `DirectPowerDecay`); with `warmup_steps`, the linear warm-up reaches it there, as the
+      Transformer tutorial's schedule with `initial = d_model ** -0.5`.
+    - "cosine_restarts": cosine periods, the first `decay_steps` long, each `t_mul` times longer
+      and `m_mul` times higher than the last, to `alpha * initial` (`CosineDecayRestarts`).
+
+    A Keras `LearningRateSchedule` object (or any `step -> rate` callable) bound to
+    `run_experiment.learning_rate` works as well.
+
     Args:
-      kind: "constant"; "exponential" (nabu: `initial * decay_rate ** (step / decay_steps)`);
-        "cosine" (to `alpha * initial` at `decay_steps`).
+      kind: one of `KINDS`, above.
       initial: the rate at step 0 (after warm-up).
-      decay_steps: steps of the decay (required for exponential and cosine).
+      decay_steps: steps of the decay (required for the decaying kinds).
       decay_rate: exponential decay factor over `decay_steps`.
       alpha: cosine's final fraction of `initial`.
       warmup_steps: linear warm-up from `warmup_start` over these steps (official's LinearWarmup).
       warmup_start: the rate at step 0 when warming up.
+      boundaries, values: the steps and rates of "piecewise".
+      end, power: "polynomial"'s final rate and power.
+      t_mul, m_mul: "cosine_restarts"' period and height factors.
 
     Raises:
-      ConfigError: for an unknown kind or a missing `decay_steps`.
+      ConfigError: for an unknown kind, a missing `decay_steps`, or piecewise boundaries and
+        values that do not fit.
     """
     numbers = dict(initial=initial, decay_steps=decay_steps, decay_rate=decay_rate, alpha=alpha)
-    numbers.update(warmup_steps=warmup_steps, warmup_start=warmup_start)
+    numbers.update(warmup_steps=warmup_steps, warmup_start=warmup_start, end=end, power=power)
+    numbers.update(t_mul=t_mul, m_mul=m_mul)
     setting_rules.check("learning_rate_schedule", numbers)
     if kind not in KINDS:
         raise ConfigError(
             f"`learning_rate_schedule.kind` must be one of {', '.join(KINDS)}; received {kind!r}."
         )
-    if kind != "constant" and not decay_steps:
+    if kind in _DECAYING and not decay_steps:
         raise ConfigError(
             f"`learning_rate_schedule.decay_steps` must be set for kind={kind!r} "
             "(e.g. TRAIN_STEPS); bind it in your .gin file."
         )
-    schedules = tf_keras.optimizers.schedules
-    if kind == "constant":
-        schedule = _Constant(initial)
-    elif kind == "exponential":
-        schedule = schedules.ExponentialDecay(initial, decay_steps, decay_rate)
-    else:
-        schedule = schedules.CosineDecay(initial, decay_steps, alpha=alpha)
+    schedule = _schedule(kind, initial, decay_steps, decay_rate, alpha, boundaries, values, end,
+                         power, t_mul, m_mul)  # fmt: skip
     if warmup_steps:
         # Imported here: `official` pulls in tfds, pandas, ... (+25 MB, seconds of start-up).
         from official.modeling.optimization import lr_schedule
 
         schedule = lr_schedule.LinearWarmup(schedule, warmup_steps, warmup_start)
     return schedule
+
+
+def _schedule(kind, initial, decay_steps, decay_rate, alpha, boundaries, values, end, power,
+              t_mul, m_mul):  # fmt: skip
+    schedules = tf_keras.optimizers.schedules
+    if kind == "constant":
+        return _Constant(initial)
+    if kind == "exponential":
+        return schedules.ExponentialDecay(initial, decay_steps, decay_rate)
+    if kind == "cosine":
+        return schedules.CosineDecay(initial, decay_steps, alpha=alpha)
+    if kind == "polynomial":
+        return schedules.PolynomialDecay(initial, decay_steps, end, power=power)
+    if kind == "cosine_restarts":
+        return schedules.CosineDecayRestarts(initial, decay_steps, t_mul, m_mul, alpha)
+    if kind == "inverse_sqrt":
+        from official.modeling.optimization import lr_schedule
+
+        return lr_schedule.DirectPowerDecay(initial, power=-0.5)
+    bounds, rates = list(boundaries), [float(v) for v in values]
+    if not bounds or len(rates) != len(bounds) + 1 or bounds != sorted(set(bounds)):
+        raise ConfigError(
+            "`learning_rate_schedule.boundaries` must be rising steps and `values` one rate more "
+            f"than boundaries for kind='piecewise'; received boundaries={tuple(boundaries)!r}, "
+            f"values={tuple(values)!r}."
+        )
+    return schedules.PiecewiseConstantDecay(bounds, rates)
 
 
 class _Constant(tf_keras.optimizers.schedules.LearningRateSchedule):
