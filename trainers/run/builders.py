@@ -260,7 +260,7 @@ def build_trainer(
         step=step,
         train_iterator=train_input.iterator if train_input is not None else None,
         eval_dataset=eval_dataset,
-        use_tf_while_loop=loop.use_tf_while_loop,
+        use_tf_while_loop=loop.use_tf_while_loop and not loop.run_eagerly,  # no graph at all
         nan_guard=objects.nan_guard,
         ema=features.ema,
         record_history=record_history and not ps,

@@ -47,6 +47,7 @@ def run_experiment(
     validation_control: Any = _D["validation_control"],
     eval_at_start: bool = _D["eval_at_start"],
     jit_compile: bool = _D["jit_compile"],
+    run_eagerly: bool = _D["run_eagerly"],
     histogram_interval: int | None = _D["histogram_interval"],
     profile_steps: Any = _D["profile_steps"],
     warm_start: Any = _D["warm_start"],

@@ -56,7 +56,8 @@ class ModeRunning:
         failed = False
         with attached:
             try:
-                result = self._run_mode()
+                with _eagerly(self.settings.loop.run_eagerly):
+                    result = self._run_mode()
             except EarlyStop as stop:
                 step = int(objects.global_step.numpy())
                 manager.save(checkpoint_number=step, check_interval=False)
@@ -319,3 +320,22 @@ def export_model(
     batch = settings.loop.global_batch_size // strategy.num_replicas_in_sync
     with ema.averaged() if ema else contextlib.nullcontext():
         return saved_model.write(task, model, os.path.join(root, "export"), step, batch)
+
+
+@contextlib.contextmanager
+def _eagerly(on: bool):
+    """While open with `on`, every `tf.function` runs as Python (`run_eagerly`), said in one line;
+    the previous setting comes back after. Eager; yields nothing."""
+    if not on:
+        yield
+        return
+    messages.say(
+        "run_eagerly: the step and its stages run eagerly (print and breakpoint() work in them), "
+        "many times slower than traced; for debugging"
+    )
+    before = tf.config.functions_run_eagerly()
+    tf.config.run_functions_eagerly(True)
+    try:
+        yield
+    finally:
+        tf.config.run_functions_eagerly(before)

@@ -41,6 +41,9 @@ class LoopSettings:
         less than half this; None: loops stay at `steps_per_loop`.
       use_tf_while_loop: run each device loop as one `tf.while_loop`.
       jit_compile: compile the per-replica train step with XLA (`tf.function(jit_compile=True)`).
+      run_eagerly: run the device loops, the step and its stages eagerly (`tf.function`s as
+        Python), so that `print(tensor.numpy())` and `breakpoint()` work in a stage; many times
+        slower, for debugging.
       gradient_accumulation_steps: K batches of `global_batch_size` per optimizer update; the
         global step and callbacks count updates.
       seed: when set, seeds everything and enables op determinism (two fresh runs give
@@ -55,6 +58,7 @@ class LoopSettings:
     loop_seconds: float | None = 1.0
     use_tf_while_loop: bool = True
     jit_compile: bool = False
+    run_eagerly: bool = False
     gradient_accumulation_steps: int = 1
     seed: int | None = None
     progress: bool = True
