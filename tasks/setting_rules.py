@@ -83,6 +83,7 @@ RULES: Mapping[str, Rule] = {
     "run_experiment.use_tf_while_loop": BOOL,
     "run_experiment.jit_compile": BOOL,
     "run_experiment.run_eagerly": BOOL,
+    "run_experiment.fast_dev_run": BOOL,
     "run_experiment.progress": BOOL,
     "run_experiment.continuous_eval_timeout": POSITIVE_NUMBER.or_none(),
     "run_experiment.seed": NON_NEGATIVE_INT.or_none(),

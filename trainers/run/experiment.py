@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import tempfile
 from typing import Any
 
 import gin
 
-from orbitask.tasks import model_garden
+from orbitask.tasks import model_garden, setting_rules
+from orbitask.trainers.run import messages
 from orbitask.trainers.run.runner import ExperimentRunner
 from orbitask.trainers.run.settings import Settings, defaults
 
@@ -20,6 +22,7 @@ def run_experiment(
     mode: str = "train_and_eval",
     eval_checkpoint: str | None = None,
     output_dir: str | None = None,
+    fast_dev_run: bool = False,
     train_steps: int | None = gin.REQUIRED,
     train_epochs: int | None = _D["train_epochs"],
     global_batch_size: int = _D["global_batch_size"],
@@ -63,9 +66,10 @@ def run_experiment(
     gives the optimizer and schedule. `mode`: train, eval, train_and_eval, continuous_eval or
     eval_all (every checkpoint, oldest first). `eval_checkpoint`: the `ckpt-N` that mode eval
     evaluates (None: the newest). `output_dir`: where an evaluation mode writes `eval/` (None:
-    `model_dir`), so that `model_dir` may be read-only. Every other argument is the field of that
-    name of one group in `settings` (`LoopSettings`, ...), documented there; configs/defaults.gin
-    lists them all.
+    `model_dir`), so that `model_dir` may be read-only. `fast_dev_run`: one training step and one
+    evaluation step (`fast_dev_run`), nothing written to `model_dir`. Every other argument is the
+    field of that name of one group in `settings` (`LoopSettings`, ...), documented there;
+    configs/defaults.gin lists them all.
 
     Returns `{"train": logs, "eval": logs}`, plus `"export"` (the SavedModel folder) when one
     was written, `"evaluated"` (`{"checkpoint", "step", "eval"}` each) for eval_checkpoint or
@@ -74,11 +78,33 @@ def run_experiment(
     flat = dict(locals())
     task, model_dir, mode = flat.pop("task"), flat.pop("model_dir"), flat.pop("mode")
     params, eval_checkpoint = flat.pop("params"), flat.pop("eval_checkpoint")
-    output_dir = flat.pop("output_dir")
+    output_dir, quick = flat.pop("output_dir"), flat.pop("fast_dev_run")
+    setting_rules.check("run_experiment", {"fast_dev_run": quick})
     if params is not None:
         task = model_garden.with_experiment(task, params)
+    if quick:
+        return _fast_dev_run(task, model_dir, mode, flat, eval_checkpoint)
     settings = Settings.from_flat(**flat)
     runner = ExperimentRunner(
         task, model_dir, mode, settings, eval_checkpoint=eval_checkpoint, output_dir=output_dir
     )
     return runner.run()
+
+
+def _fast_dev_run(task: Any, model_dir: str, mode: str, flat: dict, chosen: str | None) -> dict:
+    """One training step and one evaluation step (an evaluation mode: one evaluation step of the
+    model directory's checkpoint), written to a temporary folder that is then removed; says what
+    ran in one line. Eager; returns the run's logs."""
+    flat.update(train_steps=1, train_epochs=None, eval_steps=1, eval_interval=None, progress=False)
+    flat.update(eval_seconds=None, eval_at_start=False, export_at_end=False)
+    settings = Settings.from_flat(**flat)
+    trains = mode in ("train", "train_and_eval")
+    with tempfile.TemporaryDirectory(prefix="orbitask-fast-dev-run-") as folder:
+        if trains:
+            runner = ExperimentRunner(task, folder, "train_and_eval", settings)
+        else:
+            runner = ExperimentRunner(task, model_dir, mode, settings, chosen, output_dir=folder)
+        results = runner.run()
+    ran = "one training step and one evaluation step" if trains else "one evaluation step"
+    messages.say(f"fast_dev_run: {ran} ran; nothing was written to {model_dir}")
+    return results
