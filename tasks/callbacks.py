@@ -49,6 +49,7 @@ class CallbackContext:
       summary_writer: the train summary writer (already the default writer during the call).
       scalars: the train writer's `tasks.scalar_batch.ScalarBatch`, where a deferred
         callback's `batch` keeps scalar points written with the loop outputs; None: none kept.
+      checkpoint_path: in `on_checkpoint_saved`, the checkpoint just saved; else None.
     """
 
     step: int
@@ -62,6 +63,7 @@ class CallbackContext:
     strategy: tf.distribute.Strategy
     summary_writer: Any = None
     scalars: ScalarBatch | None = None
+    checkpoint_path: str | None = None
 
     @property
     def loss(self) -> float | None:

@@ -253,3 +253,50 @@ def test_rate_assigned_by_a_callback_moves_sgd_weights_by_exactly_that_rate(
     assert task.seen.column("optimizer_lr") == pytest.approx([0.1, 0.1, 0.25, 0.25])
     moved = [float(w[0].item()) for w in task.seen.column("weights")]
     assert moved == pytest.approx([-0.1, -0.2, -0.45, -0.7], rel=1e-6)
+
+
+class Hooked(TinyTask):
+    """Records the hooks and a callback every 2 steps, in the order they run."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.events = []
+
+    def every_steps(self):
+        return {2: lambda task, ctx: self.events.append(("every_steps", ctx.step))}
+
+    def on_train_begin(self, ctx):
+        self.events.append(("on_train_begin", ctx.step))
+
+    def on_train_end(self, ctx):
+        assert "loss" in ctx.logs
+        self.events.append(("on_train_end", ctx.step))
+
+    def on_evaluation_end(self, ctx):
+        assert "accuracy" in ctx.logs
+        self.events.append(("on_evaluation_end", ctx.step))
+
+    def on_checkpoint_saved(self, ctx):
+        assert ctx.checkpoint_path.endswith(f"ckpt-{ctx.step}")
+        self.events.append(("on_checkpoint_saved", ctx.step))
+
+
+def _hooked(task, model_dir, steps, mode="train_and_eval"):
+    run_experiment(task, str(model_dir), mode=mode, train_steps=steps, global_batch_size=8,
+                   steps_per_loop=2, loop_seconds=None, checkpoint_interval=2,
+                   checkpoint_seconds=None, eval_interval=2, progress=False)  # fmt: skip
+    return task.events
+
+
+def test_hooks_run_in_order_once_each_also_across_a_resume(tmp_path):
+    loop = [("every_steps", 2), ("on_checkpoint_saved", 2), ("on_evaluation_end", 2)]
+    loop += [("every_steps", 4), ("on_checkpoint_saved", 4), ("on_evaluation_end", 4)]
+    assert _hooked(Hooked(), tmp_path, 4) == [
+        ("on_train_begin", 0), *loop, ("on_train_end", 4),
+    ]  # fmt: skip
+    assert _hooked(Hooked(), tmp_path, 6) == [
+        ("on_train_begin", 4),
+        ("every_steps", 6), ("on_checkpoint_saved", 6), ("on_evaluation_end", 6),
+        ("on_train_end", 6),
+    ]  # fmt: skip
+    assert _hooked(Hooked(), tmp_path, 6, mode="eval") == [("on_evaluation_end", 6)]

@@ -4,12 +4,15 @@ An exception raised in the user's own code (a Task's `__init__`, builders, stage
 callbacks, a module a gin `import` line loads) keeps its type and traceback; a mistake the
 framework finds (a binding, a setting, a batch that does not fit) is one line. The frames of
 orbitask, gin, TensorFlow, Keras, NumPy, Orbit, Model Garden, absl and the standard library are
-the framework's; any other frame is the user's.
+the framework's; any other frame is the user's. `eagerly` runs the user's stages as Python, to
+debug them (`run_eagerly`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from types import FrameType
 
 FRAMEWORK = frozenset(
@@ -43,3 +46,25 @@ def raised_by_users_code(error: BaseException) -> bool:
     False for an error raised inside the framework's code that the user's code called. Eager."""
     frames = _frames(error)
     return bool(frames) and _is_users(frames[-1])
+
+
+@contextlib.contextmanager
+def eagerly(on: bool) -> Iterator[None]:
+    """While open with `on`, every `tf.function` runs as Python (`run_eagerly`), said in one line;
+    the previous setting comes back after. Eager; yields nothing."""
+    if not on:
+        yield
+        return
+    print(
+        "orbitask: run_eagerly: the step and its stages run eagerly (print and breakpoint() work "
+        "in them), many times slower than traced; for debugging",
+        flush=True,
+    )
+    import tensorflow as tf
+
+    before = tf.config.functions_run_eagerly()
+    tf.config.run_functions_eagerly(True)
+    try:
+        yield
+    finally:
+        tf.config.run_functions_eagerly(before)

@@ -336,10 +336,14 @@ class Controller(orbit.Controller):
         self._save(step)
         return True
 
+    on_saved: Callable[[str], None] | None = None  # called with each saved checkpoint's path
+
     def _save(self, step: int) -> None:
-        self.checkpoint_manager.save(
+        path = self.checkpoint_manager.save(
             checkpoint_number=step, check_interval=False, options=self._save_options
         )
+        if self.on_saved is not None:
+            self.on_saved(path)
         self._saves.fired(step)
         self._saved_step = step
         if self._evaluated is not None:

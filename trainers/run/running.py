@@ -19,7 +19,7 @@ from absl import logging
 from orbitask.tasks import CallbackContext
 from orbitask.tasks.errors import one_line
 from orbitask.trainers.actions import summaries
-from orbitask.trainers.engine import evaluation, step_errors
+from orbitask.trainers.engine import evaluation, step_errors, user_code
 from orbitask.trainers.errors import EarlyStop
 from orbitask.trainers.run import checkpointing, messages
 from orbitask.trainers.run.controller import Controller
@@ -41,6 +41,7 @@ class ModeRunning:
 
     def _run(self) -> dict:
         objects, manager = self.objects, self.checkpointing.manager
+        self.controller.on_saved = self._saved
         warm_start = self.settings.checkpoints.warm_start
         if manager.latest_checkpoint is None:  # fresh run only: a resumed run keeps its own
             self.task.initialize(objects.model)
@@ -56,7 +57,7 @@ class ModeRunning:
         failed = False
         with attached:
             try:
-                with _eagerly(self.settings.loop.run_eagerly):
+                with user_code.eagerly(self.settings.loop.run_eagerly):
                     result = self._run_mode()
             except EarlyStop as stop:
                 step = int(objects.global_step.numpy())
@@ -170,7 +171,14 @@ class ModeRunning:
     def _loop_history(self) -> tuple[int, dict]:
         return self.trainer.loop_history
 
-    def _callback_context(self, step: int, logs: dict) -> CallbackContext:
+    def _saved(self, path: str) -> None:
+        """The Controller's `on_saved`: the Task's `on_checkpoint_saved`, once a path (a save
+        again of one step, for its evaluation record, is not a new checkpoint). Eager."""
+        if path != getattr(self, "_last_saved", None):
+            self._last_saved = path
+            self.task.on_checkpoint_saved(self._callback_context(self._step_now(), {}, path))
+
+    def _callback_context(self, step: int, logs: dict, path: str | None = None) -> CallbackContext:
         objects, state = self.objects, self.checkpointing
         return CallbackContext(
             step=step,
@@ -184,6 +192,7 @@ class ModeRunning:
             strategy=self.strategy,
             summary_writer=self.summaries.train.summary_writer(),
             scalars=self.summaries.train.scalars,
+            checkpoint_path=path,
         )
 
     def _keep_train_logs(self, output: dict) -> None:
@@ -196,6 +205,7 @@ class ModeRunning:
         line = messages.eval_line(self._step_now(), self.results["eval"])
         if line and self.chief and not self.evaluates_saved:
             messages.say(line)
+        self.task.on_evaluation_end(self._callback_context(self._step_now(), self.results["eval"]))
 
     def _run_mode(self) -> dict:
         eval_settings, global_step = self.settings.evaluation, self.objects.global_step
@@ -214,6 +224,8 @@ class ModeRunning:
         manager = self.checkpointing.manager
         save = self._save_for_preemption if self.training else None
         with step_errors.named_by_step(global_step, manager, self.train_steps, self._where, save):
+            if self.training:
+                self.task.on_train_begin(self._callback_context(step, {}))
             if self.evaluates_saved:
                 self._evaluate_saved(eval_settings.eval_steps or -1)
             else:
@@ -225,6 +237,9 @@ class ModeRunning:
                     global_step,
                     waiting=self.preemption.waiting,  # SIGTERM ends a wait at once
                 )
+            if self.training:
+                logs = self.results["train"]
+                self.task.on_train_end(self._callback_context(self._step_now(), logs))
         self._export_at_end()
         self._finish()
         return self.results
@@ -320,22 +335,3 @@ def export_model(
     batch = settings.loop.global_batch_size // strategy.num_replicas_in_sync
     with ema.averaged() if ema else contextlib.nullcontext():
         return saved_model.write(task, model, os.path.join(root, "export"), step, batch)
-
-
-@contextlib.contextmanager
-def _eagerly(on: bool):
-    """While open with `on`, every `tf.function` runs as Python (`run_eagerly`), said in one line;
-    the previous setting comes back after. Eager; yields nothing."""
-    if not on:
-        yield
-        return
-    messages.say(
-        "run_eagerly: the step and its stages run eagerly (print and breakpoint() work in them), "
-        "many times slower than traced; for debugging"
-    )
-    before = tf.config.functions_run_eagerly()
-    tf.config.run_functions_eagerly(True)
-    try:
-        yield
-    finally:
-        tf.config.run_functions_eagerly(before)
