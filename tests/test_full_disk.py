@@ -145,7 +145,8 @@ def test_full_disk_for_summaries_saves_the_steps_taken_and_stops_with_one_line(
     if case == "one-disk":
         model = small_disk / "model"
         extra.append("orbitask.run_experiment.histogram_interval=1")
-        _fill(small_disk, leave=5 * 4096)  # the lock, the operative config, a few summaries
+        # The lock, the settings record (two files), run.json, the model summary, a few summaries.
+        _fill(small_disk, leave=10 * 4096)
     else:
         model = tmp_path / "model"
         model.mkdir()

@@ -54,7 +54,7 @@ class ModeRunning:
             for line in self.facts.start(objects.model, self.strategy, batch, self.mode, step):
                 messages.say(line)
         attached = self.progress.attached() if self.progress else contextlib.nullcontext()
-        failed = False
+        failed = ""  # the exception that stopped the run, by name
         with attached:
             try:
                 with user_code.eagerly(self.settings.loop.run_eagerly):
@@ -65,11 +65,10 @@ class ModeRunning:
                 messages.say(str(stop))
                 self.results["early_stop"] = str(stop)
                 self._export_at_end()
+                self._end_facts("EarlyStop")
                 return self.results
             except BaseException as e:  # SIGTERM (exit 75) and errors: the async write ends first
-                failed = True
-                if self.facts is not None:
-                    self.facts.end(self._step_now(), type(e).__name__)
+                failed = type(e).__name__
                 if full_disk.is_unhandled(e):  # e.g. summaries: the steps taken are saved first
                     raise self._save_for_full_disk(e) from None
                 manager.sync_after_error()
@@ -77,9 +76,21 @@ class ModeRunning:
             finally:  # also on SIGTERM (exit 75) and errors: the kept train scalars
                 if self.profiler:
                     self.profiler.close()
-                self._write_train_summaries(failed)
+                self._write_train_summaries(bool(failed))
+                if failed:
+                    self._end_facts(failed)
             manager.sync()  # raises NoSpaceError if the last async write found a full disk
             return result
+
+    def _end_facts(self, ended: str) -> None:
+        """Ends run.json's entry of a run that stopped (`ended`: why); a failure to write it is
+        logged, never raised over the run's own error. Eager."""
+        if self.facts is None:
+            return
+        try:
+            self.facts.end(self._step_now(), ended)
+        except (tf.errors.OpError, OSError, ValueError) as e:  # NoSpaceError is a ValueError
+            logging.info("run.json could not be completed: %s", one_line(e, 300))
 
     def _save_for_full_disk(self, error: BaseException) -> Exception:
         """Saves a checkpoint of the current step after `error`, a full disk outside a
