@@ -234,20 +234,22 @@ class Task(DefaultSteps):
     # Hooks: eager, on every worker, each with a `CallbackContext` (the order: docs/reference.md).
 
     def on_train_begin(self, ctx: Any) -> None:
-        """Before the first device loop of a training run (each start, resumed or not), at the
-        step it starts from; `ctx.logs` is empty. Default: nothing."""
+        """Eager, before the first device loop of a training run (each start, resumed or not),
+        at the step it starts from; `ctx.logs` is empty. Returns None; the default does
+        nothing."""
 
     def on_train_end(self, ctx: Any) -> None:
-        """After training reached its last step (not after an error or a stop): `ctx.logs` is
-        the last loop's train logs. Default: nothing."""
+        """Eager, after training reached its last step (not after an error or a stop):
+        `ctx.logs` is the last loop's train logs. Returns None; the default does nothing."""
 
     def on_evaluation_end(self, ctx: Any) -> None:
-        """After every evaluation in every mode: `ctx.logs` holds its logs (`<set>/<name>` for
-        several validation sets) and `ctx.step` its step. Default: nothing."""
+        """Eager, after every evaluation in every mode: `ctx.logs` holds its logs
+        (`<set>/<name>` for several validation sets), `ctx.step` its step. Returns None; the
+        default does nothing."""
 
     def on_checkpoint_saved(self, ctx: Any) -> None:
-        """After each checkpoint save: `ctx.checkpoint_path` is its path (written, or being
-        written with async checkpoints). Default: nothing."""
+        """Eager, after each checkpoint save: `ctx.checkpoint_path` is its path (written, or
+        being written with async checkpoints). Returns None; the default does nothing."""
 
 
 def _is_trackable(value: Any) -> bool:

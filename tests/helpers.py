@@ -67,6 +67,23 @@ class TinyTask(Task):
         return [keras.metrics.SparseCategoricalAccuracy("accuracy")]
 
 
+class DiesAt(TinyTask):
+    """Dies (`Killed`: nothing saves) after step `at`, if given."""
+
+    def __init__(self, at=None, **kwargs):
+        super().__init__(**kwargs)
+        self.at = at
+
+    def at_step(self):
+        if self.at is None:
+            return {}
+
+        def die(task, ctx):
+            raise Killed(f"died at step {ctx.step}")
+
+        return {self.at: die}
+
+
 class Recorder:
     """A plain-Python callback recording (step, logs) after every step it is due at, and the
     replica counts of the strategies it ran under (`replicas`, a set)."""

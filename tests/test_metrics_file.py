@@ -7,24 +7,7 @@ import pytest
 
 from orbitask.trainers import run_experiment
 from orbitask.trainers.state import metrics_file
-from tests.helpers import Killed, TinyTask
-
-
-class DiesAt(TinyTask):
-    """Dies (`Killed`: nothing saves) after step `at`, if given."""
-
-    def __init__(self, at=None, **kwargs):
-        super().__init__(**kwargs)
-        self.at = at
-
-    def at_step(self):
-        if self.at is None:
-            return {}
-
-        def die(task, ctx):
-            raise Killed(f"died at step {ctx.step}")
-
-        return {self.at: die}
+from tests.helpers import DiesAt, Killed
 
 
 def _run(task, model_dir, **kwargs):

@@ -8,16 +8,7 @@ import pytest
 import tensorflow as tf
 
 from orbitask.trainers import run_experiment
-from tests.helpers import Killed, TinyTask
-
-
-class DiesAt(TinyTask):
-    def __init__(self, at=None, **kwargs):
-        super().__init__(**kwargs)
-        self.at = at
-
-    def at_step(self):
-        return {} if self.at is None else {self.at: lambda t, c: (_ for _ in ()).throw(Killed())}
+from tests.helpers import DiesAt, Killed
 
 
 def _run(task, model_dir, steps):
