@@ -33,6 +33,9 @@ class Task(DefaultSteps):
         (None disables clipping). Seed default 10.
       optimizer_epsilon: epsilon of the default Nadam optimizer. Seed default 1e-3.
       keras_flavour: "keras" (Keras 3, `tf.keras`) or "tf_keras"; None follows the built model.
+      save_layer_draws: tf_keras dropout and noise layers draw from generators the checkpoint
+        saves, seeded apart from the initial weights (a resumed run draws the uninterrupted
+        run's masks); False keeps tf_keras' own stateful draws, which no checkpoint holds.
       name: a name for logs.
 
     How many checkpoints are kept and how much training input is prefetched are the run's
@@ -61,10 +64,15 @@ class Task(DefaultSteps):
         optimizer_epsilon: float = 1e-3,
         keras_flavour: str | None = None,
         name: str | None = None,
+        save_layer_draws: bool = True,
     ):
         setting_rules.check(
             "Task",
-            dict(clip_norm=clip_norm, optimizer_epsilon=optimizer_epsilon),
+            dict(
+                clip_norm=clip_norm,
+                optimizer_epsilon=optimizer_epsilon,
+                save_layer_draws=save_layer_draws,
+            ),
         )
         if keras_flavour not in (None, *keras_compat.FLAVOURS):
             raise ConfigError(
@@ -73,6 +81,7 @@ class Task(DefaultSteps):
         self.clip_norm = clip_norm
         self.optimizer_epsilon = optimizer_epsilon
         self.keras_flavour = keras_flavour
+        self.save_layer_draws = save_layer_draws
         self.name = name or type(self).__name__
 
     # Builders: eager, called once by the runner inside `strategy.scope()`.

@@ -39,7 +39,7 @@ def zero_nans_and_clip(gradients: list, clip_norm: float | None) -> tuple[list, 
     present = [g for g in gradients if g is not None]
     if not present:
         return list(gradients), list(gradients)
-    norm = tf.linalg.global_norm(present)
+    norm = _norm(present)
     present, clipped, norm = tf.cond(
         tf.math.is_finite(norm),
         lambda: (present, _clip(present, clip_norm, norm), norm),
@@ -63,17 +63,21 @@ def global_norm(gradients: list) -> tf.Tensor:
     if norm is not None:
         return norm
     present = [g for g in gradients if g is not None]
-    return tf.linalg.global_norm(present) if present else tf.constant(0.0)
+    return _norm(present) if present else tf.constant(0.0)
 
 
 def all_reduce_sum(gradients: list) -> list:
-    """Returns the gradients summed over replicas (replica context, traced); None stays None."""
+    """Returns the gradients summed over replicas (replica context, traced); None stays None.
+
+    An `IndexedSlices` gradient (an embedding's) stays one: the replicas' rows are gathered,
+    each row kept, as one device's gradient of the whole batch has a row per lookup. The
+    optimizer then applies it sparsely, as Keras `fit` does.
+    """
     context = tf.distribute.get_replica_context()
     present = [(i, g) for i, g in enumerate(gradients) if g is not None]
     if not present or context.num_replicas_in_sync == 1:
-        return [tf.convert_to_tensor(g) if g is not None else None for g in gradients]
-    dense = [tf.convert_to_tensor(g) for _, g in present]
-    reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, dense)
+        return list(gradients)
+    reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, [g for _, g in present])
     out = list(gradients)
     for (i, _), g in zip(present, reduced, strict=True):
         out[i] = g
@@ -81,13 +85,37 @@ def all_reduce_sum(gradients: list) -> list:
 
 
 def add(total: list | None, gradients: list) -> list:
-    """`total + gradients` by variable (None: no gradient); `total` None starts the sum. Traced."""
+    """`total + gradients` by variable (None: no gradient); `total` None starts the sum. Traced.
+
+    Two `IndexedSlices` are joined row by row (a gradient of both batches at once)."""
     if total is None:
         return list(gradients)
     return [
-        a if b is None else (b if a is None else a + b)
+        a if b is None else (b if a is None else _sum(a, b))
         for a, b in zip(total, gradients, strict=True)
     ]
+
+
+def _sum(a: Any, b: Any) -> Any:
+    """`a + b`; two `IndexedSlices` concatenated, a mix of kinds made dense. Traced."""
+    if isinstance(a, tf.IndexedSlices) and isinstance(b, tf.IndexedSlices):
+        values = tf.concat([a.values, b.values], 0)
+        return tf.IndexedSlices(values, tf.concat([a.indices, b.indices], 0), a.dense_shape)
+    return tf.convert_to_tensor(a) + tf.convert_to_tensor(b)
+
+
+def _norm(gradients: list) -> tf.Tensor:
+    """The global norm of the gradients as dense tensors: an `IndexedSlices`' rows of one
+    index are summed first, without making it dense. Traced."""
+    return tf.linalg.global_norm([_rows_summed(g) for g in gradients])
+
+
+def _rows_summed(g: Any) -> Any:
+    """An `IndexedSlices`' values with the rows of each index summed (one row an index)."""
+    if not isinstance(g, tf.IndexedSlices):
+        return g
+    unique, position = tf.unique(g.indices)
+    return tf.math.unsorted_segment_sum(g.values, position, tf.shape(unique)[0])
 
 
 def all_finite(gradients: list) -> tf.Tensor:
@@ -144,7 +172,7 @@ def _finite_and_clipped(gradients: list, clip_norm: float | None) -> tuple[list,
     fixed = [
         _map(lambda v: tf.where(tf.math.is_finite(v), v, tf.zeros_like(v)), g) for g in gradients
     ]
-    norm = tf.linalg.global_norm(fixed)
+    norm = _norm(fixed)
     clipped, norm = tf.cond(
         tf.math.is_finite(norm),
         lambda: (_clip(fixed, clip_norm, norm), norm),
@@ -165,7 +193,7 @@ def _rescaled_clip(gradients: list, clip_norm: float | None) -> tuple[list, tf.T
         tf.stack([tf.maximum(tf.reduce_max(tf.abs(_values(g))), 0) for g in gradients])
     )
     unit = [_map(lambda v: v / largest, g) for g in gradients]
-    unit_norm = tf.linalg.global_norm(unit)
+    unit_norm = _norm(unit)
     norm = largest * unit_norm
     if clip_norm is None:
         return gradients, norm

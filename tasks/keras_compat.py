@@ -8,8 +8,7 @@ across replicas differently. Everything flavour-specific lives here.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
+import random
 from typing import Any
 
 import keras
@@ -22,6 +21,7 @@ KERAS3 = "keras"
 TF_KERAS = "tf_keras"
 FLAVOURS = (KERAS3, TF_KERAS)
 NADAM_COUNTER_FLOOR = -(2**62)  # below any step: see `reset_trace_state`
+LEGACY_DRAWS = "legacy_stateful"  # tf_keras RandomGenerator's type of unsaved stateful draws
 _TF_KERAS_SCHEDULE = tf_keras.optimizers.schedules.LearningRateSchedule
 
 
@@ -216,16 +216,29 @@ def apply_gradients(optimizer: Any, gradients: list, variables: list) -> None:
 
     Runs inside `strategy.run` (replica context, under tf.function). tf_keras (legacy optimizers
     included) is told to skip its own all-reduce; Keras 3 always sums over replicas, so it
-    receives `g / num_replicas`.
+    receives `g / num_replicas`, and of an `IndexedSlices` (whose sum over replicas gathers
+    their rows) this replica's share of the rows: the optimizer gets every row once.
     """
     pairs = [(g, v) for g, v in zip(gradients, variables, strict=True) if g is not None]
     if optimizer_flavour(optimizer) == TF_KERAS:
         optimizer.apply_gradients(pairs, experimental_aggregate_gradients=False)
         return
-    replicas = tf.distribute.get_replica_context().num_replicas_in_sync
-    if replicas > 1:
-        pairs = [(g / tf.cast(replicas, g.dtype), v) for g, v in pairs]
+    context = tf.distribute.get_replica_context()
+    if context.num_replicas_in_sync > 1:
+        pairs = [(_replica_share(g, context), v) for g, v in pairs]
     optimizer.apply_gradients(pairs)
+
+
+def _replica_share(g: Any, context: Any) -> Any:
+    """The part of the all-reduced `g` this replica hands a Keras 3 optimizer, which sums over
+    replicas: `g / replicas`, or of an `IndexedSlices` the replica's contiguous share of rows."""
+    replicas = context.num_replicas_in_sync
+    if not isinstance(g, tf.IndexedSlices):
+        return g / tf.cast(replicas, g.dtype)
+    rows = tf.shape(g.indices)[0]
+    replica = context.replica_id_in_sync_group
+    start, end = rows * replica // replicas, rows * (replica + 1) // replicas
+    return tf.IndexedSlices(g.values[start:end], g.indices[start:end], g.dense_shape)
 
 
 def reset_trace_state(optimizer: Any) -> None:
@@ -257,24 +270,37 @@ def rename_metric(metric: Any, name: str) -> None:
         metric._name = name  # noqa: SLF001
 
 
-@contextlib.contextmanager
-def saved_layer_randomness() -> Iterator[None]:
-    """While open, tf_keras layers built draw from a `tf.random.Generator` (its public
-    `enable_tf_random_generator` switch), whose state is a variable a checkpoint can hold.
+def save_layer_draws(model: Any, seed: int | None) -> list[str]:
+    """Makes the tf_keras layers of `model` (or of a dict of models) that draw with stateful ops
+    (dropout, noise) draw from a `tf.random.Generator` instead, whose state is a variable a
+    checkpoint can hold. Eager, in the strategy's scope, after the model is built.
 
-    tf_keras' default draws dropout masks with stateful ops whose state lives in the op's
-    kernel: it cannot be saved, and a second trace of a step starts its sequence again. A
-    layer chooses when it is built, so the switch is on only while `build_model` runs; it is
-    set back as it was on exit. Keras 3 layers draw from `SeedGenerator` variables already.
+    tf_keras' default draws dropout masks with stateful ops whose state lives in the op's kernel:
+    it cannot be saved, and a second trace of a step starts its sequence again. Each generator is
+    seeded with the layer's own seed, else from a stream of `seed` (random without one) apart
+    from tf_keras' own, so the initial weights are those the model gets anywhere else. Keras 3
+    layers draw from `SeedGenerator` variables already. Returns the layers' names.
+
+    Reads and sets the private `_random_generator`, `_rng_type`, `_seed` and `_built` of
+    tf_keras' `backend.RandomGenerator`; tests/test_compat.py checks them.
     """
-    experimental = tf_keras.backend.experimental
-    was_on = experimental.is_tf_random_generator_enabled()
-    experimental.enable_tf_random_generator()
-    try:
-        yield
-    finally:
-        if not was_on:
-            experimental.disable_tf_random_generator()
+    models = model.values() if isinstance(model, dict) else [model]
+    stream = random.Random(f"orbitask layer draws {seed}") if seed is not None else random.Random()
+    names = []
+    for each in models:
+        if model_flavour(each) != TF_KERAS:
+            continue
+        for layer in each._flatten_layers(include_self=True):  # noqa: SLF001
+            generator = getattr(layer, "_random_generator", None)
+            if getattr(generator, "_rng_type", None) != LEGACY_DRAWS:
+                continue
+            if generator._seed is None:  # noqa: SLF001
+                generator._seed = stream.randint(1, 10**9)  # noqa: SLF001
+            generator._rng_type = generator.RNG_STATEFUL  # noqa: SLF001
+            generator._built = False  # noqa: SLF001
+            generator._maybe_init()  # noqa: SLF001
+            names.append(layer.name)
+    return names
 
 
 def layer_generator(obj: Any) -> tf.random.Generator | None:

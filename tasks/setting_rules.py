@@ -118,6 +118,7 @@ RULES: Mapping[str, Rule] = {
     "ExponentialMovingAverage.decay": FRACTION,
     "Task.clip_norm": POSITIVE_NUMBER.or_none(),
     "Task.optimizer_epsilon": POSITIVE_NUMBER,
+    "Task.save_layer_draws": BOOL,
 }
 
 

@@ -262,11 +262,15 @@ def test_a_tf_keras_layers_generator_is_reached():
 
     from orbitask.tasks import keras_compat
 
-    with keras_compat.saved_layer_randomness():
-        layer = tf_keras.layers.Dropout(0.5)
-    layer.build((None, 3))
+    inputs = tf_keras.Input((3,))
+    model = tf_keras.Model(inputs, tf_keras.layers.Dropout(0.5, name="drop")(inputs))
+    layer = model.get_layer("drop")
+    assert layer._random_generator._rng_type == keras_compat.LEGACY_DRAWS
+    assert keras_compat.layer_generator(layer._random_generator) is None
+    assert keras_compat.save_layer_draws(model, seed=3) == ["drop"]
     assert isinstance(keras_compat.layer_generator(layer._random_generator), tf.random.Generator)
     assert keras_compat.layer_generator(object()) is None
+    assert keras_compat.save_layer_draws(model, seed=3) == []  # once
 
 
 def test_host_random_state_kept_undoes_python_numpy_and_tf_op_seed_draws():

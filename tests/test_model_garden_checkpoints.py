@@ -14,7 +14,6 @@ import shutil
 import numpy as np
 import pytest
 import tensorflow as tf
-import tf_keras
 from official.core import base_task, train_lib
 from official.nlp.tasks import sentence_prediction
 
@@ -41,29 +40,24 @@ def mg_task(data_path, **task):
     return sentence_prediction.SentencePredictionTask(config.task)
 
 
-def orbitask_task(data_path):
-    return ModelGardenTask(mg_task(data_path), experiment=experiment(data_path))
+def orbitask_task(data_path, **kwargs):
+    return ModelGardenTask(mg_task(data_path), experiment=experiment(data_path), **kwargs)
 
 
 def model_garden(data_path, model_dir, mode, steps=STEPS):
-    """Model Garden's `train_lib` runner (loops of one step, a checkpoint at `steps`, seeds set
-    as orbitask's `seed=0` sets them). Returns its model, its eval logs after the mode
+    """Model Garden's `train_lib` runner, unchanged (loops of one step, a checkpoint at `steps`,
+    seeds set as orbitask's `seed=0` sets them). Returns its model, its eval logs after the mode
     (`run_post_eval`) and its global step."""
     config = experiment(data_path, train_steps=steps, steps_per_loop=1, checkpoint_interval=steps)
     make_deterministic(0)
-    generator = tf_keras.backend.experimental
-    generator.enable_tf_random_generator()
-    try:
-        strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
-        with strategy.scope():
-            task = sentence_prediction.SentencePredictionTask(config.task)
-        runner = train_lib.OrbitExperimentRunner(
-            strategy, task, mode, config, str(model_dir), run_post_eval=True, save_summary=False
-        )
-        model, logs = runner.run()
-        return model, logs, int(runner.trainer.global_step.numpy())
-    finally:
-        generator.disable_tf_random_generator()
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    with strategy.scope():
+        task = sentence_prediction.SentencePredictionTask(config.task)
+    runner = train_lib.OrbitExperimentRunner(
+        strategy, task, mode, config, str(model_dir), run_post_eval=True, save_summary=False
+    )
+    model, logs = runner.run()
+    return model, logs, int(runner.trainer.global_step.numpy())
 
 
 def _close(orbitask_logs, mg_logs):
@@ -170,18 +164,19 @@ def test_a_model_garden_checkpoint_of_another_model_is_refused_in_one_line(runs,
 def test_orbitask_resumes_a_model_garden_model_dir_as_model_garden_does(runs, tmp_path, capsys):
     """Resumed to step 6 from `train_lib`'s checkpoint at step 4, orbitask trains the weights
     that Model Garden's own resume trains: model, optimizer (momentum) and step are restored,
-    and the input starts from its beginning in both (Model Garden saves no input position)."""
+    and the input starts from its beginning in both (Model Garden saves no input position).
+    Its dropout draws as tf_keras' own, as Model Garden's (`save_layer_draws=False`)."""
     data_path, _, _, theirs, _ = runs
     for name in ("mg", "ours"):
         shutil.copytree(theirs, tmp_path / name)
     model, _, _ = model_garden(data_path, tmp_path / "mg", "train", steps=6)
     run_experiment(
-        orbitask_task(data_path), str(tmp_path / "ours"), mode="train", train_steps=6,
-        steps_per_loop=1, use_tf_while_loop=False, **RUN,
+        orbitask_task(data_path, save_layer_draws=False), str(tmp_path / "ours"), mode="train",
+        train_steps=6, steps_per_loop=1, use_tf_while_loop=False, **RUN,
     )  # fmt: skip
     out = capsys.readouterr().out
     assert "(step 4)" in out
-    kept = "learning_rate_factor, lr, random_state keep their current values, so the training"
+    kept = "learning_rate_factor, lr keep their current values, so the training"
     assert f"{FROM_MODEL_GARDEN} global step; input_position, {kept} input starts" in out
     resumed = checkpoint_weights(orbitask_task(data_path), tmp_path / "ours")
     for a, b in zip(weights(model), resumed, strict=True):

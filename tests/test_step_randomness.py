@@ -75,8 +75,38 @@ def test_dropout_resumes_exactly(tmp_path, flavour, strategy):
     assert any(n.startswith("random_state/") for n in names), names
 
 
-def test_tf_keras_switch_is_set_back():
-    assert not tf_keras.backend.experimental.is_tf_random_generator_enabled()
+class DropoutFirst(TinyTask):
+    """A tf_keras model whose Dropout is built before its unseeded Dense layers (Model Garden's
+    heads are so). It keeps the weights it starts training from."""
+
+    def build_model(self):
+        inputs = tf_keras.Input((6,))
+        x = tf_keras.layers.Dropout(0.1)(inputs)
+        x = tf_keras.layers.Dense(16, "tanh")(x)
+        self.model = tf_keras.Model(inputs, tf_keras.layers.Dense(3)(x))
+        return self.model
+
+    def on_train_begin(self, ctx):
+        self.start = [w.numpy() for w in self.model.weights]
+
+
+@pytest.mark.slow
+def test_a_tf_keras_model_starts_from_the_weights_tf_keras_gives_it(tmp_path, capsys):
+    """With its dropout draws saved (the start line names the layer), the model's initial
+    weights are those tf_keras builds for the same seed without orbitask."""
+    from orbitask.trainers.engine.determinism import make_deterministic
+
+    make_deterministic(7)
+    expected = [w.numpy() for w in DropoutFirst(flavour="tf_keras").build_model().weights]
+    task = DropoutFirst(flavour="tf_keras", l2=0.0)
+    run_experiment(
+        task, str(tmp_path), mode="train", train_steps=1, global_batch_size=16, seed=7,
+        progress=False,
+    )  # fmt: skip
+    _assert_equal(expected, task.start)
+    assert "1 tf_keras layer(s) draw their masks from generators" in capsys.readouterr().out
+    layer = task.model.layers[1]
+    assert layer._random_generator._rng_type == layer._random_generator.RNG_STATEFUL
 
 
 def test_a_stateful_op_in_the_step_is_named_once(tmp_path, capsys):
@@ -125,9 +155,9 @@ def test_keras_generators_behind_tf_keras_layers_are_found():
     from orbitask.tasks import keras_compat
     from orbitask.trainers.state import random_state
 
-    with keras_compat.saved_layer_randomness():
-        layer = tf_keras.layers.Dropout(0.5)
-    layer.build((None, 3))
+    inputs = tf_keras.Input((3,))
+    layer = tf_keras.layers.Dropout(0.5)
+    keras_compat.save_layer_draws(tf_keras.Model(inputs, layer(inputs)), seed=None)
     saved, _ = random_state.find({"model": layer})
     assert list(saved) == ["model.random_generator"], saved
     legacy = tf_keras.layers.Dropout(0.5)

@@ -26,7 +26,7 @@ from orbitask.trainers.engine.trainer import TaskTrainer
 from orbitask.trainers.errors import ConfigError
 from orbitask.trainers.features.learning_rate import LearningRate
 from orbitask.trainers.features.precision import DynamicLossScale, precision_policy
-from orbitask.trainers.run import preflight
+from orbitask.trainers.run import messages, preflight
 from orbitask.trainers.run.settings import (
     Settings,
     check_cpu_devices,
@@ -100,10 +100,15 @@ def build_strategy(settings: Settings) -> tf.distribute.Strategy:
 
 def build_objects(task: Any, settings: Settings, training: bool, evaluating: bool) -> RunObjects:
     """The task's model, loss, optimizer and metrics, the global step and the learning rate,
-    the NaN guard and the loss scale. Eager, in the strategy's scope."""
+    the NaN guard and the loss scale. Eager, in the strategy's scope. The chief of a training
+    run names the tf_keras layers whose draws are saved."""
     features, loop = settings.features, settings.loop
-    with precision_policy(features.mixed_precision), keras_compat.saved_layer_randomness():
+    with precision_policy(features.mixed_precision):
         model = task.build_model()
+    if getattr(task, "save_layer_draws", True):
+        drawing = keras_compat.save_layer_draws(model, loop.seed)
+        if drawing and training and cluster.is_chief(tf.distribute.get_strategy()):
+            messages.layer_draws(drawing)
     preflight.check_model(task, model)
     if task.keras_flavour is None:
         task.keras_flavour = keras_compat.model_flavour(model) or keras_compat.KERAS3

@@ -23,6 +23,18 @@ def run_start(strategy: Any, task: Any, nan_guard: Any, training: bool) -> None:
         print(notice, flush=True)
 
 
+def layer_draws(layers: list[str]) -> None:
+    """Says which tf_keras layers draw from saved generators, and how to draw as tf_keras does.
+    Eager; returns None."""
+    shown = ", ".join(layers[:4]) + (f" and {len(layers) - 4} more" if len(layers) > 4 else "")
+    say(
+        f"{len(layers)} tf_keras layer(s) draw their masks from generators the checkpoint saves "
+        f"({shown}), so a resumed run draws as the uninterrupted one; tf_keras elsewhere (Model "
+        "Garden's train_lib) draws others, unsaved: orbitask.Task.save_layer_draws = False "
+        "draws as it does"
+    )
+
+
 def epochs(epochs: int, steps_per_epoch: float, steps: int) -> None:
     """Says the train steps `epochs` epochs of `steps_per_epoch` steps come to. Eager."""
     say(f"{epochs} epoch(s) = {steps} train steps ({float(steps_per_epoch):.4g} steps per epoch)")

@@ -2,7 +2,7 @@
 
 A `keras.random.SeedGenerator` keeps its state in a variable that `tf.train.Checkpoint` does not
 reach through a Keras 3 model or a plain Python object; a `tf.random.Generator` on a task, or
-behind a tf_keras dropout layer (built with `keras_compat.saved_layer_randomness`), is not
+behind a tf_keras dropout layer (made by `keras_compat.save_layer_draws`), is not
 tracked either. `find` walks the task, its model(s) and its loss object for them, so the runner
 checkpoints them under `random_state/`.
 
