@@ -56,3 +56,74 @@ def test_a_step_of_its_own_trains_without_the_default_steps_demands(tmp_path, st
     assert np.isfinite(logs["train"]["loss"]) and logs["train"]["loss"] < 1.0
     replicas = 2 if strategy == "mirrored" else 1
     assert logs["train"]["steps_seen"] == 30.0 * replicas  # the loop's steps, not the dry step
+
+
+class Sampling(keras.layers.Layer):
+    """The Keras VAE example's layer: noise from a `SeedGenerator`, drawn in every call."""
+
+    def __init__(self):
+        super().__init__()
+        self.seed_generator = keras.random.SeedGenerator(1337)
+
+    def call(self, inputs):
+        return inputs + keras.random.normal(tf.shape(inputs), seed=self.seed_generator)
+
+
+class DrawsAndStatistics(OwnStep):
+    """OwnStep's step on a model without an Input layer that draws (noise, dropout) and keeps
+    BatchNorm statistics: the dry step that builds it must leave no trace."""
+
+    def build_model(self):
+        self.model = keras.Sequential(
+            [
+                keras.layers.Dense(8, "tanh"),
+                keras.layers.BatchNormalization(),
+                Sampling(),
+                keras.layers.Dropout(0.5, seed=3),
+                keras.layers.Dense(1),
+            ]
+        )
+        self.generators = [self.model.layers[2].seed_generator, self.model.layers[3].seed_generator]
+        self.initial_states = [g.state.numpy() for g in self.generators]
+        return self.model
+
+    def on_train_begin(self, ctx):
+        norm = self.model.layers[1]
+        self.statistics = [norm.moving_mean.numpy(), norm.moving_variance.numpy()]
+        self.states = [g.state.numpy() for g in self.generators]
+
+
+class DrawsWithTheDefaultStep(DrawsAndStatistics):
+    """The same model through the default step and its validation step, on (x, y) batches:
+    the checks before step 1 call the model (its noise draws in every call)."""
+
+    train_step = Task.train_step
+    validation_step = Task.validation_step
+
+    def build_inputs(self, per_replica_batch_size, input_context=None, training=True):
+        ds = super().build_inputs(per_replica_batch_size, input_context, training)
+        ds = ds.map(lambda b: (b["x"], b["y"]))
+        return ds if training else ds.take(2)
+
+    def build_losses(self):
+        return lambda loss_input: tf.reduce_sum(tf.square(loss_input[0] - loss_input[1]), 1)
+
+
+@pytest.mark.parametrize(
+    "kind,strategy",
+    [(DrawsAndStatistics, "one_device"), (DrawsAndStatistics, "mirrored"),
+     (DrawsWithTheDefaultStep, "one_device")],
+)  # fmt: skip
+def test_the_calls_before_step_1_are_taken_back(tmp_path, kind, strategy):
+    """Step 1 starts from unused generators and BatchNorm's initial statistics, after the dry
+    step that builds the weights, or the checks of the first training and validation batches."""
+    task = kind()
+    mode = "train" if kind is DrawsAndStatistics else "train_and_eval"  # its step only trains
+    run_experiment(
+        task, str(tmp_path), mode=mode, train_steps=2, global_batch_size=8,
+        strategy=strategy, progress=False, eval_interval=2,
+    )  # fmt: skip
+    for initial, state in zip(task.initial_states, task.states, strict=True):
+        np.testing.assert_array_equal(initial, state)
+    np.testing.assert_array_equal(task.statistics[0], np.zeros(8))
+    np.testing.assert_array_equal(task.statistics[1], np.ones(8))

@@ -19,6 +19,7 @@ from orbitask.tasks.errors import one_line
 from orbitask.trainers.distribution import cluster
 from orbitask.trainers.engine import user_code
 from orbitask.trainers.errors import ConfigError
+from orbitask.trainers.run import dry_step
 
 
 def describe(spec: Any) -> str:
@@ -69,7 +70,8 @@ def check_first_eval_batches(task: Any, strategy: Any, datasets: Any, objects: A
         except (StopIteration, tf.errors.OutOfRangeError):
             continue  # an empty set: refused by the first evaluation, in one line
         try:
-            first_step(batch)
+            with dry_step.taken_back(task, objects.model, objects.loss_fn):
+                first_step(batch)
         except Exception as e:  # noqa: BLE001 -- one raised inside TF/Keras is a data mismatch
             if user_code.raised_by_users_code(e):
                 e.add_note(

@@ -17,7 +17,7 @@ from orbitask.tasks.base import Task
 from orbitask.tasks.errors import one_line
 from orbitask.trainers.engine import evaluation, inputs, user_code
 from orbitask.trainers.errors import ConfigError
-from orbitask.trainers.run import batch_checks
+from orbitask.trainers.run import batch_checks, dry_step
 from orbitask.trainers.run.batch_checks import describe
 from orbitask.trainers.state.input_position import IteratorInput
 from orbitask.trainers.state.saved_model import zeros
@@ -179,9 +179,10 @@ def checked_train_input(task: Any, strategy: Any, train_input: Any, objects: Tra
     if isinstance(train_input, IteratorInput):
         check_checkpointable_input(task, train_input.iterator)
     spec, per_replica = train_input.element_spec, objects.global_batch_size // replicas
-    check_inputs(task, spec, objects, replicas)
-    if _weightless(model) and type(task).train_step is not Task.train_step:
-        _build_weights_with_a_dry_step(task, strategy, spec, per_replica, objects)
+    with dry_step.taken_back(task, model, objects.loss_fn):
+        check_inputs(task, spec, objects, replicas)
+        if _weightless(model) and type(task).train_step is not Task.train_step:
+            dry_step.build_weights(task, strategy, spec, per_replica, objects)
     # After check_inputs, which calls the model once: a Keras model without an Input layer only
     # has weights from then on, and the optimizer must be built with them.
     keras_compat.build_optimizer_slots(objects.optimizer, trainable_variables(task, model), model)
@@ -208,56 +209,6 @@ def check_model(task: Any, model: Any) -> None:
 def _weightless(model: Any) -> bool:
     models = model.values() if isinstance(model, dict) else [model]
     return not any(m.trainable_variables for m in models)
-
-
-class _NoUpdate:
-    """Stands in for an optimizer during a dry step: updates are skipped, the rest is its own."""
-
-    def __init__(self, optimizer: Any):
-        self._optimizer = optimizer
-
-    def apply_gradients(self, *args, **kwargs) -> None:
-        del args, kwargs
-
-    apply = minimize = apply_gradients
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._optimizer, name)
-
-
-def _build_weights_with_a_dry_step(
-    task: Any, strategy: Any, spec: Any, batch_size: int, objects: TrainObjects
-) -> None:
-    """Builds the weights of a model without an `Input` layer for a task whose `train_step` is
-    its own: one eager step on a batch of zeros, on every replica, with the optimizer's updates
-    skipped (the trainer resets metrics before each loop; the default step builds the weights in
-    `check_inputs`)."""
-    optimizer = objects.optimizer
-    stand_in = (
-        {k: _NoUpdate(v) for k, v in optimizer.items()}
-        if isinstance(optimizer, dict)
-        else _NoUpdate(optimizer)
-    )
-
-    def dry_step(batch):
-        return task.train_step(
-            batch,
-            objects.model,
-            stand_in,
-            objects.metrics,
-            loss_fn=objects.loss_fn,
-            lr=objects.lr,
-            global_batch_size=objects.global_batch_size,
-        )
-
-    try:
-        strategy.run(dry_step, args=(zeros(spec, batch_size),))
-    except Exception as e:
-        e.add_note(
-            "orbitask: raised by one dry train_step on a batch of zeros, which builds the weights "
-            "of a model without an Input layer (give it one to skip this)."
-        )
-        raise
 
 
 def trainable_variables(task: Any, model: Any) -> list:
