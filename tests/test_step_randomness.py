@@ -1,12 +1,14 @@
 """Random draws of the step and the model train the same weights whatever the device loops' lengths,
 and resume exactly where their state is saved; what no checkpoint can hold is named in one line."""
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 import tf_keras
 
 from orbitask import run_experiment
+from orbitask.trainers.state import random_state
 from tests.helpers import TinyTask, keras_module
 
 
@@ -67,12 +69,40 @@ def test_loop_lengths_do_not_change_the_draws(tmp_path, flavour, noise):
 @pytest.mark.parametrize("flavour", ["tf_keras", "keras"])
 @pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
 def test_dropout_resumes_exactly(tmp_path, flavour, strategy):
+    """On 2 replicas too, where each draws its own masks (a Keras 3 generator's copy on
+    replica 1 holds its own seed), from the state the checkpoint saved."""
     full = _run(tmp_path / "full", Dropped(flavour=flavour), 12, strategy=strategy)
     _run(tmp_path / "split", Dropped(flavour=flavour), 6, strategy=strategy)
-    resumed = _run(tmp_path / "split", Dropped(flavour=flavour), 12, strategy=strategy)
+    task = Dropped(flavour=flavour)
+    resumed = _run(tmp_path / "split", task, 12, strategy=strategy)
     _assert_equal(full, resumed)
     names = [n for n, _ in tf.train.list_variables(str(tmp_path / "split"))]
     assert any(n.startswith("random_state/") for n in names), names
+    if strategy == "mirrored" and flavour == "keras":
+        copies = [v.numpy() for v in task.model.layers[1].seed_generator.state.value.values]
+        assert copies[1][0] == copies[0][0] + random_state.REPLICA_SEED_STRIDE, copies
+
+
+def test_each_replica_draws_its_own_masks_and_a_restored_state_draws_them_again():
+    """Keras 3 dropout on 2 replicas: other masks on each replica; the state a checkpoint
+    restores (replica 0's, written to every copy) spreads again to the same masks."""
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        layer = keras.layers.Dropout(0.5, seed=3)
+    draws = random_state.ReplicaDraws({"model": layer}, strategy)
+
+    @tf.function
+    def masks():
+        return strategy.run(lambda: layer(tf.ones((4, 64)), training=True))
+
+    saved = layer.seed_generator.state.numpy()
+    draws()
+    first = [m.numpy() for m in strategy.experimental_local_results(masks())]
+    assert not np.array_equal(first[0], first[1])
+    layer.seed_generator.state.assign(saved)  # as a restore writes it
+    draws()
+    again = [m.numpy() for m in strategy.experimental_local_results(masks())]
+    _assert_equal(first, again)
 
 
 class DropoutFirst(TinyTask):
@@ -153,7 +183,6 @@ def test_a_stateful_op_in_the_input_runs_and_is_named(tmp_path, capsys):
 
 def test_keras_generators_behind_tf_keras_layers_are_found():
     from orbitask.tasks import keras_compat
-    from orbitask.trainers.state import random_state
 
     inputs = tf_keras.Input((3,))
     layer = tf_keras.layers.Dropout(0.5)

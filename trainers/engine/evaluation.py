@@ -177,9 +177,11 @@ class TaskEvaluator(orbit.StandardEvaluator):
         return sums, steps
 
     def eval_begin(self):
-        """Eager: resets eval metrics; returns the empty aggregation state."""
+        """Eager: resets eval metrics, gives each replica its own seeds; returns the empty
+        aggregation state."""
         for metric in self.eval_metrics:
             metric.reset_state()
+        self.replica_draws()
         return {}
 
     def eval_step(self, iterator):

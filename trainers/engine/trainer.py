@@ -85,6 +85,8 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         self._use_tf_while_loop = use_tf_while_loop
         self.mark_loops = False  # set by `trainers.actions.profiling.Profiler` while it traces
         self._trainable_signature = None
+        roots = {"task": self.task, "model": self.model, "loss": self.loss_fn}
+        self.replica_draws = random_state.ReplicaDraws(roots, self.strategy)
         orbit.StandardTrainer.__init__(
             self,
             None,
@@ -240,14 +242,14 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         return out
 
     def train_loop_begin(self):
-        """Eager, before each device loop: lr into the optimizer, metrics reset, retrace check.
-
-        Returns None.
+        """Eager, before each device loop: lr into the optimizer, metrics reset, each replica's
+        own seeds, retrace check. Returns None.
         """
         if not self.copies_learning_rate_in_loop and self.objects.lr_follows:
             keras_compat.sync_learning_rate(self.optimizer, self.lr)
         for metric in self.train_metrics:
             metric.reset_state()
+        self.replica_draws()
         signature = _trainable_signature(self.model)
         if signature != self._trainable_signature:
             # A callback froze or unfroze layers: retrace so the step trains the new set.

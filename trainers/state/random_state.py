@@ -183,3 +183,49 @@ def _function_name(name: str) -> str:
 
 def _key(path: str) -> str:
     return path.replace(".", "/").replace("-", "_")
+
+
+REPLICA_SEED_STRIDE = 1_000_003  # replica r draws from seed + r * stride
+
+
+class ReplicaDraws:
+    """Gives every replica its own draws from the Keras 3 `SeedGenerator`s under `roots`.
+
+    A `SeedGenerator`'s state `[seed, counter]` is a mirrored variable: every replica reads the
+    same value and would draw the same noise and dropout masks. Before each device loop, each
+    replica's copy gets `seed + replica * REPLICA_SEED_STRIDE` (the replica's number over all
+    workers), its counter kept. Replica 0's copy, the one a checkpoint saves, keeps the
+    generator's own seed, so a restored state spreads again to the same streams: exact resume.
+    (`tf.random.Generator`s, tf_keras' included, fold in the replica already.)
+    """
+
+    def __init__(self, roots: dict[str, Any], strategy: tf.distribute.Strategy):
+        self.strategy = strategy
+        saved, _ = find(roots)
+        self.states = []
+        if strategy.num_replicas_in_sync > 1:
+            for state in saved.values():
+                variable = getattr(state, "value", None)  # a Keras 3 variable's tf.Variable
+                if isinstance(state, keras.Variable) and isinstance(
+                    variable, tf.distribute.DistributedValues
+                ):
+                    self.states.append(variable)
+        self.seeds = [int(v.values[0].numpy()[0]) for v in self.states]
+        self._spread = tf.function(self._spread_fn) if self.states else None
+
+    def __call__(self) -> None:
+        """Spreads the seeds over the replicas. Eager; one call of a tf.function, or none."""
+        if self._spread is not None:
+            self._spread()
+
+    def _spread_fn(self) -> None:
+        def per_replica():
+            replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+            for variable, seed in zip(self.states, self.seeds, strict=True):
+                local = tf.convert_to_tensor(variable)
+                own = tf.cast(seed, local.dtype) + tf.cast(replica, local.dtype) * tf.cast(
+                    REPLICA_SEED_STRIDE, local.dtype
+                )
+                variable.assign(tf.stack([own, local[1]]))
+
+        self.strategy.run(per_replica)
