@@ -118,7 +118,7 @@ class ModelGardenTask(Task):
         `create_optimizer(experiment.trainer.optimizer_config, experiment.runtime)`. None: the
         seed's default optimizer.
       **task_kwargs: `orbitask.Task`'s arguments (clip_norm, optimizer_epsilon, keras_flavour,
-        name).
+        name, save_layer_draws).
 
     Raises:
       ConfigError: when `task` is not a Model Garden task.
@@ -126,6 +126,8 @@ class ModelGardenTask(Task):
 
     # Model Garden's steps log each replica's own mean loss, which its trainer averages.
     replica_logs = "mean"
+    # Its train_step logs its metrics' results too; the metrics' own, over all replicas, apply.
+    logs_its_metrics = True
 
     def __init__(self, task: Any, experiment: Any = None, **task_kwargs: Any):
         if not is_model_garden_task(task):

@@ -69,6 +69,7 @@ RULES: Mapping[str, Rule] = {
     "run_experiment.global_batch_size": POSITIVE_INT,
     "run_experiment.learning_rate": LEARNING_RATE,
     "run_experiment.steps_per_loop": POSITIVE_INT,
+    "run_experiment.metrics_window": POSITIVE_INT.or_none(),
     "run_experiment.loop_seconds": POSITIVE_NUMBER.or_none(),
     "run_experiment.eval_interval": POSITIVE_INT.or_none(),
     "run_experiment.eval_seconds": POSITIVE_NUMBER.or_none(),

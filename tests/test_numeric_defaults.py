@@ -47,3 +47,20 @@ def test_only_what_is_still_in_effect_is_named(tmp_path, capsys):
     (line,) = _said(OwnOptimizer(), tmp_path, capsys, nan_guard=NanGuard())
     assert "global norm 10.0" in line
     assert "non-finite" not in line and "Nadam" not in line
+
+
+@pytest.mark.parametrize("seed", [None, 0])
+def test_a_training_run_without_a_seed_says_what_a_resume_reproduces(tmp_path, capsys, seed):
+    run_experiment(
+        TinyTask(), str(tmp_path), mode="train", train_steps=2, global_batch_size=8,
+        progress=False, seed=seed,
+    )  # fmt: skip
+    lines = [x for x in capsys.readouterr().out.splitlines() if "no seed" in x]
+    if seed is None:
+        assert lines == [
+            "orbitask: no seed: a resumed run equals an uninterrupted one up to float rounding, "
+            "as TensorFlow's ops may sum in another order; orbitask.run_experiment.seed = 0 "
+            "makes it bit-identical (it turns on op determinism)"
+        ]
+    else:
+        assert lines == []

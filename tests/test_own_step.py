@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from orbitask import Task, run_experiment
+from orbitask import ConfigError, Task, run_experiment
 
 
 class OwnStep(Task):
@@ -127,3 +127,24 @@ def test_the_calls_before_step_1_are_taken_back(tmp_path, kind, strategy):
         np.testing.assert_array_equal(initial, state)
     np.testing.assert_array_equal(task.statistics[0], np.zeros(8))
     np.testing.assert_array_equal(task.statistics[1], np.ones(8))
+
+
+class LogsAMetricsName(OwnStep):
+    """Its step logs `steps_seen`, the name of its metric."""
+
+    def train_step(self, batch, model, optimizer, metrics=None, *, loss_fn, lr, global_batch_size):
+        logs = super().train_step(
+            batch, model, optimizer, metrics, loss_fn=loss_fn, lr=lr,
+            global_batch_size=global_batch_size,
+        )  # fmt: skip
+        return {**logs, "steps_seen": logs["loss"]}
+
+
+def test_a_step_log_named_as_a_metric_is_refused_in_one_line(tmp_path):
+    refused = r"^LogsAMetricsName's train step logs 'steps_seen', the name of one of its build"
+    with pytest.raises(ConfigError, match=refused):
+        run_experiment(
+            LogsAMetricsName(), str(tmp_path), mode="train", train_steps=2, global_batch_size=8,
+            progress=False,
+        )  # fmt: skip
+    assert not list(tmp_path.glob("ckpt-*"))

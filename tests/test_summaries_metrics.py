@@ -102,10 +102,12 @@ class Xent(TinyTask):
         return {"loss": losses.mean(), "xent": losses.mean(), "accuracy": accuracy}
 
 
-def test_train_metrics_cover_only_their_own_device_loop(tmp_path):
-    """Learning rate 1e-9 (the weights all but fixed), loops of 3 steps of 8 examples in order:
-    each loop's metrics are those of its own 24 examples, not of every example since the
-    start."""
+@pytest.mark.parametrize("steps_per_loop,window", [(3, 3), (2, 3), (3, None)])
+def test_train_metrics_cover_their_window_whatever_the_loops(tmp_path, steps_per_loop, window):
+    """Learning rate 1e-9 (the weights all but fixed), steps of 8 examples in order, the logs
+    seen at steps 3, 6 and 9: the metrics are those of the window's own 24 examples, in loops of
+    3 steps or of 2 (cut at the window's ends), or with no window in loops of 3 (each loop its
+    own); not of every example since the start."""
     task = Xent(callback_every=3)
     run_experiment(
         task,
@@ -114,8 +116,9 @@ def test_train_metrics_cover_only_their_own_device_loop(tmp_path):
         train_steps=9,
         global_batch_size=8,
         learning_rate=1e-9,
-        steps_per_loop=3,
+        steps_per_loop=steps_per_loop,
         loop_seconds=None,
+        metrics_window=window,
         progress=False,
     )
     assert [step for step, _ in task.calls] == [3, 6, 9]
@@ -127,7 +130,32 @@ def test_train_metrics_cover_only_their_own_device_loop(tmp_path):
         assert logs["accuracy"] == pytest.approx(want["accuracy"], abs=1e-6), k
         assert logs["xent"] == pytest.approx(want["xent"], rel=1e-5), k
         xents.append(want["xent"])
-    assert len(set(np.round(xents, 4))) == 3  # loops differ: an accumulated metric would show
+    assert len(set(np.round(xents, 4))) == 3  # windows differ: an accumulated metric would show
+
+
+def test_device_loops_end_where_a_window_ends(tmp_path):
+    """Loops of up to 100 steps, a callback only at step 9: the window of 3 still cuts the
+    loops at 3 and 6, so the metrics at step 9 are those of steps 7-9."""
+    task = Xent(callback_every=9)
+    run_experiment(
+        task, str(tmp_path), mode="train", train_steps=9, global_batch_size=8,
+        learning_rate=1e-9, steps_per_loop=100, loop_seconds=None, metrics_window=3,
+        progress=False,
+    )  # fmt: skip
+    want = task.expected(Xent().build_model(), task.x[48:72], task.y[48:72])
+    assert task.calls[-1][1]["xent"] == pytest.approx(want["xent"], rel=1e-5)
+
+
+def test_by_default_train_metrics_accumulate_over_1000_steps(tmp_path):
+    """The default window: loops of 3 steps, the metrics at step 9 are those of all 72
+    examples."""
+    task = Xent(callback_every=3)
+    run_experiment(
+        task, str(tmp_path), mode="train", train_steps=9, global_batch_size=8,
+        learning_rate=1e-9, steps_per_loop=3, loop_seconds=None, progress=False,
+    )  # fmt: skip
+    want = task.expected(Xent().build_model(), task.x[:72], task.y[:72])
+    assert task.calls[-1][1]["xent"] == pytest.approx(want["xent"], rel=1e-5)
 
 
 def test_each_of_several_evaluations_starts_afresh(tmp_path):

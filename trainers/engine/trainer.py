@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from orbitask.tasks import eval_logs, keras_compat
 from orbitask.trainers.engine.evaluation import TaskEvaluator
+from orbitask.trainers.errors import ConfigError
 from orbitask.trainers.state import random_state
 
 
@@ -40,6 +41,8 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
       eval_dataset: a distributed dataset for `validation_step`, a dict `{name: dataset}` of
         validation sets (each evaluated in turn, `TaskEvaluator.evaluate`), or None.
       use_tf_while_loop: run each device loop as one `tf.while_loop` (default) or a Python loop.
+      metrics_window: the train metrics restart at the loops that start at its multiples
+        (None: at every loop).
       nan_guard: the built `trainers.NanGuard` of the step, or None: a tripped guard ends the
         device loop early.
       ema: a built `trainers.ExponentialMovingAverage` (evaluation swaps its weights in), or None.
@@ -62,6 +65,7 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         nan_guard: Any = None,
         ema: Any = None,
         record_history: bool = False,
+        metrics_window: int | None = None,
     ):
         self.objects = objects
         self.task = objects.task
@@ -78,6 +82,7 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         self.nan_guard = nan_guard
         self.ema = ema
         self.record_history = record_history
+        self.metrics_window = metrics_window  # device loops end at its multiples (run_actions)
         # Per-loop host state lives in a plain object: an attribute set on this tf.Module is
         # tracked (a dict or tuple is wrapped), which slows every device loop's host work.
         self._loop = _LoopRecord()
@@ -115,6 +120,9 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         fresh = self._loop_fn is None
         if fresh:
             self._loop_fn = self.create_train_loop_fn()
+            if hasattr(self._loop_fn, "get_concrete_function"):  # traced now, run below
+                self._loop_fn.get_concrete_function(self._iterator, num_steps)
+                _refuse_hidden_logs(self.task, self._loop.log_names, self.train_metrics)
         if self.mark_loops:  # while profiling: each loop a "train" step in TensorBoard
             with tf.profiler.experimental.Trace("train", step_num=self.step_now(), _r=1):
                 out = self._loop_fn(self._iterator, num_steps)
@@ -158,7 +166,7 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         return self._loop.history
 
     def _history_row(self, logs: dict) -> tf.Tensor:
-        """The step's scalar logs, the train metrics' results so far in this device loop and the
+        """The step's scalar logs, the train metrics' results so far in their window and the
         learning rate, as one float32 vector (traced); names in `_history_keys`. The names are
         those of the logs at a loop's end (`train_loop_end`)."""
         scalars = {**logs, **{m.name: m.result() for m in self.train_metrics}}
@@ -231,6 +239,7 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         """What a device loop returns (traced): the last step's logs, the metric results, the
         learning rate and step at its end, and the per-step history when recorded, so that the
         host reads them all in one go."""
+        self._loop.log_names = sorted(logs)
         out = {
             "logs": logs,
             "metrics": {m.name: m.result() for m in self.train_metrics},
@@ -242,13 +251,15 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         return out
 
     def train_loop_begin(self):
-        """Eager, before each device loop: lr into the optimizer, metrics reset, each replica's
-        own seeds, retrace check. Returns None.
+        """Eager, before each device loop: lr into the optimizer, metrics reset (at a window's
+        start), each replica's own seeds, retrace check. Returns None.
         """
         if not self.copies_learning_rate_in_loop and self.objects.lr_follows:
             keras_compat.sync_learning_rate(self.optimizer, self.lr)
-        for metric in self.train_metrics:
-            metric.reset_state()
+        window = self.metrics_window
+        if window is None or self.step_now() % window == 0:
+            for metric in self.train_metrics:
+                metric.reset_state()
         self.replica_draws()
         signature = _trainable_signature(self.model)
         if signature != self._trainable_signature:
@@ -277,6 +288,19 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         return out
 
 
+def _refuse_hidden_logs(task: Any, log_names: list, metrics: list) -> None:
+    """Refuses, once the loop is traced and before it runs, a step log named as a train metric:
+    the metric's value would replace the step's under that name. A task whose step logs its own
+    metrics' results (`logs_its_metrics`, Model Garden's) is let through. Eager."""
+    hidden = sorted(set(log_names) & {m.name for m in metrics})
+    if hidden and not getattr(task, "logs_its_metrics", False):
+        raise ConfigError(
+            f"{type(task).__name__}'s train step logs {hidden[0]!r}, the name of one of its "
+            "build_metrics() metrics, whose value would replace the step's in every log: "
+            "rename the log or the metric."
+        )
+
+
 class _LoopRecord:
     """What the host knows about the last device loop (see `TaskTrainer.last_step`)."""
 
@@ -284,6 +308,7 @@ class _LoopRecord:
         self.last_step: int | None = None
         self.history: tuple[int, dict] = (0, {})
         self.named_draws = False  # the step's unsaved random ops were named (first trace)
+        self.log_names: list[str] = []  # the step's log keys, as traced
 
 
 def _logs_before_first_step(step: Any, iterator: Any, loop: _LoopRecord) -> tuple[Any, list]:

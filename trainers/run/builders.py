@@ -269,4 +269,5 @@ def build_trainer(
         nan_guard=objects.nan_guard,
         ema=features.ema,
         record_history=record_history and not ps,
+        metrics_window=loop.metrics_window,
     )

@@ -29,6 +29,7 @@ def run_experiment(
     learning_rate: Any = _D["learning_rate"],
     steps_per_loop: int = _D["steps_per_loop"],
     loop_seconds: float | None = _D["loop_seconds"],
+    metrics_window: int | None = _D["metrics_window"],
     eval_interval: int | None = _D["eval_interval"],
     eval_seconds: float | None = _D["eval_seconds"],
     eval_steps: int | None = _D["eval_steps"],

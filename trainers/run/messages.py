@@ -14,13 +14,21 @@ def say(text: str) -> None:
     print(f"orbitask: {text}", flush=True)
 
 
-def run_start(strategy: Any, task: Any, nan_guard: Any, training: bool) -> None:
-    """Says the strategy, and for a training run the numeric defaults' notice if any.
-    Eager; returns None."""
+def run_start(strategy: Any, task: Any, settings: Any, training: bool) -> None:
+    """Says the strategy, and for a training run the numeric defaults' notice if any and, without
+    a seed, what a resume then reproduces. Eager; returns None."""
     say(cluster.describe(strategy))
-    notice = numeric_defaults.line(task, nan_guard)
-    if notice and training:
+    if not training:
+        return
+    notice = numeric_defaults.line(task, settings.features.nan_guard)
+    if notice:
         print(notice, flush=True)
+    if settings.loop.seed is None:
+        say(
+            "no seed: a resumed run equals an uninterrupted one up to float rounding, as "
+            "TensorFlow's ops may sum in another order; orbitask.run_experiment.seed = 0 makes "
+            "it bit-identical (it turns on op determinism)"
+        )
 
 
 def layer_draws(layers: list[str]) -> None:

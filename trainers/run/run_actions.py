@@ -60,13 +60,18 @@ def train_entries(
     nan_guard: Callable[[dict], None] | None,
     preemption: PreemptionWatcher,
     model_dir_check: Callable[[], None] | None = None,
+    metrics_window: int | None = None,
 ) -> list[Periodic]:
     """The run's entries of the Controller's schedule, in order (`actions.schedule`):
     `callbacks` (their triggers end loops), a schedule's rate they assigned, `keep_logs`,
     progress, the profiler (its window ends loops), the NaN guard's action, SIGTERM's
-    `preemption`, `model_dir_check` (None: none). The Controller's summaries, checkpoint and
-    evaluation follow them."""
+    `preemption`, `model_dir_check` (None: none); device loops also end at the multiples of
+    `metrics_window`, where the train metrics restart. The Controller's summaries, checkpoint
+    and evaluation follow them."""
     entries = [Periodic("callbacks", callbacks, when=callbacks, ends_loop=True)]
+    if metrics_window is not None:
+        window = Trigger(every_steps=metrics_window)
+        entries.append(Periodic("metrics_window", lambda _: None, when=window, ends_loop=True))
     if lr_control.schedule is not None:  # a callback's `ctx.lr.assign` lasts
         entries.append(Periodic("learning_rate", lr_control.keep_assigned))
     entries.append(Periodic("results", keep_logs))

@@ -137,8 +137,7 @@ class ExperimentRunner(ModeRunning):
         self.preemption.take_back(agree=cluster.signal_agreement(self.strategy))
         self.chief = cluster.is_chief(self.strategy)  # keeps checkpoints, summaries, config
         if self.chief:
-            nan_guard = self.settings.features.nan_guard
-            messages.run_start(self.strategy, self.task, nan_guard, self.training)
+            messages.run_start(self.strategy, self.task, self.settings, self.training)
         folders.check_model_dir(self.model_dir, self.output_dir, self.training)
         self.model_dir_lock.take(self.chief and self.training)  # refused if another run holds it
         with self.strategy.scope():
@@ -279,9 +278,9 @@ class ExperimentRunner(ModeRunning):
 
     def _build_train_entries(self) -> list[Periodic]:
         """The run's entries of the Controller's schedule, in order: callbacks (and a schedule's
-        rate they assigned), results, progress, profiler, NaN guard, SIGTERM."""
-        objects, state = self.objects, self.checkpointing
-        nan_guard = objects.nan_guard
+        rate they assigned), the metrics' window, results, progress, profiler, NaN guard,
+        SIGTERM."""
+        objects, state, nan_guard = self.objects, self.checkpointing, self.objects.nan_guard
         if nan_guard is not None:
             nan_guard = nan_guard.action(
                 state.checkpoint, state.manager, self.strategy, objects.global_step, self.trainer
@@ -295,6 +294,7 @@ class ExperimentRunner(ModeRunning):
             nan_guard=nan_guard,
             preemption=self.preemption,
             model_dir_check=self._recreate_if_deleted if self.chief and self.training else None,
+            metrics_window=self.settings.loop.metrics_window,
         )
 
     def _build_eval_actions(self) -> list:

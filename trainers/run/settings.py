@@ -39,6 +39,10 @@ class LoopSettings:
         or a checkpoint is due.
       loop_seconds: loops of quick steps double, up to 100 x `steps_per_loop`, while one lasts
         less than half this; None: loops stay at `steps_per_loop`.
+      metrics_window: the train metrics accumulate over windows of this many steps and
+        restart at its multiples, where device loops end, so the metrics a step logs are the
+        same whatever the loops' lengths; None: they restart at each device loop (whose length
+        `loop_seconds` sets from the machine's speed).
       use_tf_while_loop: run each device loop as one `tf.while_loop`.
       jit_compile: compile the per-replica train step with XLA (`tf.function(jit_compile=True)`).
       run_eagerly: run the device loops, the step and its stages eagerly (`tf.function`s as
@@ -56,6 +60,7 @@ class LoopSettings:
     learning_rate: Any = None
     steps_per_loop: int = 100
     loop_seconds: float | None = 1.0
+    metrics_window: int | None = 1000
     use_tf_while_loop: bool = True
     jit_compile: bool = False
     run_eagerly: bool = False
