@@ -95,9 +95,14 @@ class CountingExamples(Both):
 
 def test_a_deferred_callback_sees_the_metrics_of_its_own_step(tmp_path):
     """Loops end at 7, 14, 21, 23 (the ordinary callback); the deferred one, due at 3, 6, ...,
-    sees the examples counted from its loop's start to its own step (8 per step)."""
+    sees the examples counted to its own step (8 per step): from the start of the metrics'
+    window of 10 steps, or without a window from its loop's start."""
     task = CountingExamples(defer=True)
-    _train(task, tmp_path)
+    _train(task, tmp_path, metrics_window=10)  # loops also end at 10 and 20
+    seen = {step: logs["examples"] for step, logs in task.every3.calls}
+    assert seen == {3: 24, 6: 48, 9: 72, 12: 16, 15: 40, 18: 64, 21: 8}
+    task = CountingExamples(defer=True)
+    _train(task, tmp_path / "loops", metrics_window=None)
     seen = {step: logs["examples"] for step, logs in task.every3.calls}
     assert seen == {3: 24, 6: 48, 9: 16, 12: 40, 15: 8, 18: 32, 21: 56}
 

@@ -146,6 +146,25 @@ def test_device_loops_end_where_a_window_ends(tmp_path):
     assert task.calls[-1][1]["xent"] == pytest.approx(want["xent"], rel=1e-5)
 
 
+@pytest.mark.parametrize("flavour,strategy", [("keras", "mirrored"), ("tf_keras", "one_device")])
+def test_a_resumed_run_logs_the_metrics_of_an_uninterrupted_one(tmp_path, flavour, strategy):
+    """Stopped at step 6 inside the default window and resumed to 9: the checkpoint holds the
+    metrics' accumulation, so step 9 logs the metrics of all 9 steps, as without the stop (on
+    2 replicas up to float rounding: a restored sum is split evenly over the replicas' copies)."""
+    logs = {}
+    for name, stops in (("whole", [9]), ("split", [6, 9])):
+        for steps in stops:
+            task = Xent()
+            task.flavour = flavour
+            logs[name] = run_experiment(
+                task, str(tmp_path / name), mode="train", train_steps=steps,
+                global_batch_size=8, strategy=strategy, progress=False, seed=0,
+            )["train"]  # fmt: skip
+    rel = 1e-6 if strategy == "mirrored" else 0
+    for key in ("accuracy", "xent"):
+        assert logs["split"][key] == pytest.approx(logs["whole"][key], rel=rel, abs=0), key
+
+
 def test_by_default_train_metrics_accumulate_over_1000_steps(tmp_path):
     """The default window: loops of 3 steps, the metrics at step 9 are those of all 72
     examples."""

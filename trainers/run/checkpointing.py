@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import keras
 import tensorflow as tf
 
 from orbitask.trainers import compat
@@ -30,8 +31,9 @@ def checkpointed_state(
     task: Any, objects: RunObjects, settings: Settings, mode: str, validation_control: Any
 ) -> dict:
     """The state a checkpoint holds besides the task's objects: the learning-rate factor, EMA,
-    loss scale, NaN guard, `validation_control` (None: none), the last evaluated step and the
-    random state. Eager, in the strategy's scope; returns `{name: trackable}`."""
+    loss scale, NaN guard, `validation_control` (None: none), the last evaluated step, the
+    random state and the train metrics. Eager, in the strategy's scope; returns
+    `{name: trackable}`."""
     state = {"learning_rate_factor": objects.lr_control.factor}
     ema = settings.features.ema
     if ema is not None:
@@ -53,7 +55,24 @@ def checkpointed_state(
     roots = {"task": task, "model": objects.model, "loss": objects.loss_fn}
     if (randomness := random_state.checkpointable(roots)) is not None:
         state["random_state"] = randomness
+    if objects.train_metrics:  # a window's accumulation resumes where it was
+        state["train_metrics"] = _metric_state(objects.train_metrics)
     return state
+
+
+def _metric_state(metrics: list) -> tf.train.Checkpoint:
+    """The variables of the train metrics (either Keras flavour), by position. Eager."""
+    return tf.train.Checkpoint(
+        **{
+            f"metric_{i}": tf.train.Checkpoint(
+                **{
+                    f"v{j}": v.value if isinstance(v, keras.Variable) else v
+                    for j, v in enumerate(metric.variables)
+                }
+            )
+            for i, metric in enumerate(metrics)
+        }
+    )
 
 
 def build_checkpointing(
