@@ -176,7 +176,7 @@ def test_orbitask_resumes_a_model_garden_model_dir_as_model_garden_does(runs, tm
     )  # fmt: skip
     out = capsys.readouterr().out
     assert "(step 4)" in out
-    kept = "learning_rate_factor, lr keep their current values, so the training"
+    kept = "learning_rate_factor, lr, train_metrics keep their current values, so the training"
     assert f"{FROM_MODEL_GARDEN} global step; input_position, {kept} input starts" in out
     resumed = checkpoint_weights(orbitask_task(data_path), tmp_path / "ours")
     for a, b in zip(weights(model), resumed, strict=True):

@@ -165,6 +165,31 @@ def test_a_resumed_run_logs_the_metrics_of_an_uninterrupted_one(tmp_path, flavou
         assert logs["split"][key] == pytest.approx(logs["whole"][key], rel=rel, abs=0), key
 
 
+class MaskedAccuracy(TinyTask):
+    """A token-weighted ratio: accuracy over the examples whose label is not 0, kept as a Keras
+    `Mean` updated with its numerator and denominator (`sample_weight` the mask)."""
+
+    def build_metrics(self, training=True):
+        return [keras.metrics.Mean("masked_accuracy")]
+
+    def process_metrics(self, metrics, labels, model_outputs, **kwargs):
+        correct = tf.cast(tf.argmax(model_outputs, axis=-1) == tf.cast(labels, tf.int64), "float32")
+        metrics[0].update_state(correct, sample_weight=tf.cast(labels != 0, tf.float32))
+
+
+def test_a_ratio_metric_on_two_replicas_is_one_devices(tmp_path):
+    """The replicas' halves hold other numbers of unmasked examples: the ratio of the summed
+    numerators and denominators equals one device's, not the mean of the replicas' ratios."""
+    logs = [
+        run_experiment(
+            MaskedAccuracy(l2=0.0), str(tmp_path / strategy), mode="train", train_steps=3,
+            global_batch_size=16, strategy=strategy, progress=False, seed=0,
+        )["train"]["masked_accuracy"]
+        for strategy in ("one_device", "mirrored")
+    ]  # fmt: skip
+    assert logs[1] == pytest.approx(logs[0], rel=1e-6)
+
+
 def test_by_default_train_metrics_accumulate_over_1000_steps(tmp_path):
     """The default window: loops of 3 steps, the metrics at step 9 are those of all 72
     examples."""
