@@ -33,6 +33,8 @@ class Task(DefaultSteps):
         (None disables clipping). Seed default 10.
       optimizer_epsilon: epsilon of the default Nadam optimizer. Seed default 1e-3.
       keras_flavour: "keras" (Keras 3, `tf.keras`) or "tf_keras"; None follows the built model.
+      class_weight: `{class: weight}`: each example's loss is weighted by its label's class, as
+        Keras `fit(class_weight=...)` does (integer labels, or one-hot); None: unweighted.
       save_layer_draws: tf_keras dropout and noise layers draw from generators the checkpoint
         saves, seeded apart from the initial weights (a resumed run draws the uninterrupted
         run's masks); False keeps tf_keras' own stateful draws, which no checkpoint holds.
@@ -65,6 +67,7 @@ class Task(DefaultSteps):
         keras_flavour: str | None = None,
         name: str | None = None,
         save_layer_draws: bool = True,
+        class_weight: dict | None = None,
     ):
         setting_rules.check(
             "Task",
@@ -82,6 +85,7 @@ class Task(DefaultSteps):
         self.optimizer_epsilon = optimizer_epsilon
         self.keras_flavour = keras_flavour
         self.save_layer_draws = save_layer_draws
+        self.class_weight = _class_weights(class_weight)
         self.name = name or type(self).__name__
 
     # Builders: eager, called once by the runner inside `strategy.scope()`.
@@ -157,19 +161,36 @@ class Task(DefaultSteps):
     # Step stages: traced by tf.function, run per replica inside `strategy.run`.
 
     def input_pre(self, batch: Any, lr: Any) -> Any:
-        """Returns the model input (seed default: the first of an `(inputs, gt)` batch).
+        """Returns the model input (seed default: the first of an `(inputs, gt)` batch, or of an
+        `(inputs, gt, weights)` one).
 
         Traced by tf.function, per replica (train and validation steps).
         """
         del lr
-        inputs, _ = batch
-        return inputs
+        return batch[0]
 
     def loss_pre(self, outputs: Any, batch: Any, model: Any, lr: Any) -> Any:
         """Returns the loss input (seed default: `(outputs, gt)`). Traced by tf.function."""
         del model, lr
-        _, gt = batch
-        return outputs, gt
+        return outputs, batch[1]
+
+    def example_weights(self, batch: Any) -> Any:
+        """Returns the weight of each example's loss (shape `[batch]`), or None: unweighted.
+
+        Default: the third item of an `(inputs, gt, weights)` batch, as Keras `fit`'s
+        `sample_weight`, times `class_weight[gt]` when set. The default steps multiply the
+        per-example losses by it; a step is still divided by its examples, not by the weights'
+        sum (Keras' "sum_over_batch_size"). A task that overrides `input_pre` or `loss_pre` owns
+        its batch: none. Traced by tf.function, per replica (train and validation steps).
+        """
+        kind = type(self)
+        if kind.input_pre is not Task.input_pre or kind.loss_pre is not Task.loss_pre:
+            return None
+        weights = batch[2] if isinstance(batch, (tuple, list)) and len(batch) == 3 else None
+        if self.class_weight is not None:
+            by_class = tf.gather(self.class_weight, _class_ids(batch[1]))
+            weights = by_class if weights is None else tf.cast(weights, by_class.dtype) * by_class
+        return weights
 
     def grad_pre(self, loss, outputs, batch, model, loss_fn, lr):
         """Returns `(loss_per_batch, extra_loss, trainable_vars)` (seed default: model.losses).
@@ -265,3 +286,30 @@ def _is_trackable(value: Any) -> bool:
     if isinstance(value, dict):  # several models or optimizers: checkpointed under their keys
         return bool(value) and all(_is_trackable(v) for v in value.values())
     return isinstance(value, tf.__internal__.tracking.Trackable)
+
+
+def _class_weights(class_weight: dict | None) -> tf.Tensor | None:
+    """`{class: weight}` as a float32 table indexed by class (classes not given: 1.0)."""
+    if class_weight is None:
+        return None
+    if not isinstance(class_weight, dict) or not all(
+        isinstance(k, int) and k >= 0 and isinstance(v, (int, float))
+        for k, v in class_weight.items()
+    ):
+        raise ConfigError(
+            "`class_weight` must be a dict {class index (int >= 0): weight (number)}; received "
+            f"{class_weight!r}. Fix orbitask.Task.class_weight."
+        )
+    table = [1.0] * (max(class_weight, default=-1) + 1)
+    for k, v in class_weight.items():
+        table[k] = float(v)
+    return tf.constant(table, tf.float32)
+
+
+def _class_ids(labels: Any) -> tf.Tensor:
+    """Integer class ids of `labels`: one-hot rows (last dimension > 1) by argmax, else as
+    they are, flattened to `[batch]`. Traced."""
+    labels = tf.convert_to_tensor(labels)
+    if labels.shape.rank is not None and labels.shape.rank >= 2 and labels.shape[-1] != 1:
+        labels = tf.argmax(labels, axis=-1)
+    return tf.reshape(tf.cast(labels, tf.int32), [-1])

@@ -41,9 +41,10 @@ def batch_size(tree: Any) -> tf.Tensor:
 
 
 def labels_of(batch: Any) -> Any:
-    """Returns a batch's labels: `gt` of an `(inputs, gt)` pair, else the batch itself (Model
+    """Returns a batch's labels: `gt` of an `(inputs, gt)` or `(inputs, gt, weights)` batch, else
+    the batch itself (Model
     Garden's rule in `base_task.Task.train_step`). Eager or traced."""
-    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+    if isinstance(batch, (tuple, list)) and len(batch) in (2, 3):
         return batch[1]
     return batch
 
@@ -261,9 +262,8 @@ class DefaultSteps:
             outputs = model(inputs, training=True)
             loss_input = self.loss_pre(outputs, batch, model, lr)
             examples = global_batch_size // shares if part_count is None else part_count
-            loss = replica_logs_lib.replica_loss(
-                self.batch_sum(loss_fn(loss_input), examples), examples
-            )
+            loss = self.weighted(loss_fn(loss_input), batch)
+            loss = replica_logs_lib.replica_loss(self.batch_sum(loss, examples), examples)
             loss_per_batch, extra_loss, trainable_vars, *own = self.grad_pre(
                 loss, outputs, batch, model, loss_fn, lr
             )
@@ -279,6 +279,14 @@ class DefaultSteps:
             gradients = gradients_lib.unscale(gradients, loss_scale)
         self.process_metrics(metrics, labels_of(batch), outputs)
         return gradients, trainable_vars, {"loss": loss, "outputs": outputs, "scaled_loss": scaled}
+
+    def weighted(self, loss: Any, batch: Any) -> Any:
+        """Per-example losses times the batch's `example_weights` (None: `loss` unchanged).
+        Traced, per replica; the check before step 1 refuses weights on a scalar loss."""
+        weights = self.example_weights(batch)
+        if weights is None:
+            return loss
+        return loss * tf.cast(tf.reshape(weights, [-1]), loss.dtype)
 
     def batch_sum(self, loss: Any, examples: Any) -> Any:
         """Returns `loss` as a sum over this replica's `examples`: under `loss_reduction =
@@ -300,7 +308,7 @@ class DefaultSteps:
         """
         inputs = self.input_pre(batch, lr)
         outputs = model(inputs, training=False)
-        loss = loss_fn(self.loss_pre(outputs, batch, model, lr))
+        loss = self.weighted(loss_fn(self.loss_pre(outputs, batch, model, lr)), batch)
         loss = self.batch_sum(loss, batch_size(inputs))  # under loss_reduction "mean"
         loss = replica_logs_lib.replica_loss(loss, batch_size(inputs))  # a Keras 3 mean: a sum
         self.process_metrics(metrics, labels_of(batch), outputs)

@@ -65,11 +65,13 @@ def check_inputs(
         return
     received = describe(element_spec)
     default_split = kind.input_pre is Task.input_pre or kind.loss_pre is Task.loss_pre
-    if default_split and not (isinstance(element_spec, (tuple, list)) and len(element_spec) == 2):
+    if default_split and not (
+        isinstance(element_spec, (tuple, list)) and len(element_spec) in (2, 3)
+    ):
         raise ConfigError(
-            f"{kind.__name__}.{where} must yield (inputs, labels) pairs for the default "
-            f"input_pre/loss_pre; received elements {received}. Return pairs, or override "
-            "input_pre and loss_pre."
+            f"{kind.__name__}.{where} must yield (inputs, labels) pairs or (inputs, labels, "
+            f"weights) triples for the default input_pre/loss_pre; received elements "
+            f"{received}. Return those, or override input_pre and loss_pre."
         )
     leaves = [s for s in tf.nest.flatten(element_spec) if hasattr(s, "shape")]
     if kind.make_batches is Task.make_batches and leaves:
@@ -129,6 +131,12 @@ def _check_forward(
             f"or their sum (a scalar); it returned shape {list(shape)}. Fix build_losses."
         )
     if shape is not None and shape.rank == 0:
+        if task.example_weights(batch) is not None:
+            raise ConfigError(
+                f"{name}'s batches are weighted ({where} yields (inputs, labels, weights), or "
+                "Task.class_weight is set), which needs per-example losses: build_losses must "
+                "return shape [batch] (e.g. a Keras loss with reduction='none')."
+            )
         batch_checks.check_not_a_mean(task, objects, outputs, batch, where)
 
 
