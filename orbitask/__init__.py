@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # what editors and type checkers read; at runtime each name l
     from orbitask.trainers.features.validation_control import ValidationControl as ValidationControl
     from orbitask.trainers.features.warm_start import WarmStart as WarmStart
     from orbitask.trainers.run.experiment import run_experiment as run_experiment
+    from orbitask.trainers.state.loggers import Logger as Logger
 
 __all__ = sorted([*_tasks.__all__, *_trainers.__all__])
 

@@ -281,8 +281,9 @@ class DefaultSteps:
         return gradients, trainable_vars, {"loss": loss, "outputs": outputs, "scaled_loss": scaled}
 
     def weighted(self, loss: Any, batch: Any) -> Any:
-        """Per-example losses times the batch's `example_weights` (None: `loss` unchanged).
-        Traced, per replica; the check before step 1 refuses weights on a scalar loss."""
+        """Returns the per-example losses times the batch's `example_weights` (None: `loss`
+        unchanged). Traced, per replica; the check before step 1 refuses weights on a scalar
+        loss."""
         weights = self.example_weights(batch)
         if weights is None:
             return loss

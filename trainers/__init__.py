@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # what editors and type checkers read; at runtime each name l
     from orbitask.trainers.features.validation_control import ValidationControl as ValidationControl
     from orbitask.trainers.features.warm_start import WarmStart as WarmStart
     from orbitask.trainers.run.experiment import run_experiment as run_experiment
+    from orbitask.trainers.state.loggers import Logger as Logger
 
 __all__, __getattr__, __dir__ = exports(
     __name__,
@@ -29,6 +30,7 @@ __all__, __getattr__, __dir__ = exports(
         "ExponentialMovingAverage": "orbitask.trainers.features.ema",
         "Interrupted": "orbitask.trainers.errors",
         "learning_rate_schedule": "orbitask.trainers.features.learning_rate",
+        "Logger": "orbitask.trainers.state.loggers",
         "logical_cpus": "orbitask.trainers.distribution.strategies",
         "NanGuard": "orbitask.trainers.features.nan_guard",
         "NonFiniteLossError": "orbitask.trainers.errors",

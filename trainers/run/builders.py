@@ -32,8 +32,9 @@ from orbitask.trainers.run.settings import (
     check_cpu_devices,
     check_nan_guard_step,
     check_replicas,
+    flat,
 )
-from orbitask.trainers.state import metrics_file
+from orbitask.trainers.state import loggers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,7 +189,7 @@ def build_summaries(
     model_dir: str,
     output_dir: str,
     global_step: tf.Variable,
-    steps_per_loop: int,
+    settings: Settings,
     current_step: Callable[[], int],
     *,
     write_train: bool,
@@ -196,22 +197,33 @@ def build_summaries(
 ) -> SummaryManagers:
     """The train and eval summary managers, under `model_dir/train` and `output_dir/eval`; one
     that does not write (`write_train` or `write_eval` False) has no directory. Those that
-    write also append their scalars to `metrics.jsonl` (`MetricsFile`): the model directory's
-    in a training run, `output_dir/eval/metrics.jsonl` in an evaluation mode. Eager."""
+    write also send their scalars to the run's `loggers` (`loggers.Records`): in a training run
+    all of them, under the model directory; in an evaluation mode the files under
+    `output_dir/eval`. Eager.
+
+    Raises:
+      ConfigError: for a logger that cannot be built (`loggers.build`).
+    """
     train = summaries.LoopSummaryManager(
         os.path.join(model_dir, "train") if write_train else None,
         summaries.write,
         global_step,
-        interval=10 * steps_per_loop,
+        interval=10 * settings.loop.steps_per_loop,
         current_step=current_step,
     )
     evaluation = summaries.EvalSummaryManager(
         os.path.join(output_dir, "eval") if write_eval else None, summaries.write, global_step
     )
-    train.metrics = metrics_file.MetricsFile(model_dir) if write_train else None
-    # An evaluation mode writes only eval/ (a training run may be appending to its own file).
-    folder = output_dir if write_train else os.path.join(output_dir, "eval")
-    evaluation.metrics = metrics_file.MetricsFile(folder) if write_eval else None
+    # An evaluation mode writes only eval/ (a training run may be appending to its own files).
+    folder = model_dir if write_train else os.path.join(output_dir, "eval")
+    params = {
+        k: v if isinstance(v, (int, float, str)) else repr(v) for k, v in flat(settings).items()
+    }
+    if write_train or write_eval:
+        built = loggers.build(settings.features.loggers, folder, training=write_train)
+        records = loggers.Records(built, folder, params)
+    train.metrics = records if write_train else None
+    evaluation.metrics = records if write_eval else None
     return SummaryManagers(train=train, eval=evaluation)
 
 

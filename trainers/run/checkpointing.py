@@ -16,7 +16,7 @@ from orbitask.trainers.errors import ConfigError
 from orbitask.trainers.run import messages
 from orbitask.trainers.run.builders import RunObjects
 from orbitask.trainers.run.settings import Settings
-from orbitask.trainers.state import checkpoints, metrics_file, random_state, settings_record
+from orbitask.trainers.state import checkpoints, random_state, settings_record
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,8 +146,8 @@ def checkpoints_to_evaluate(
 def record_start(model_dir: str, objects: RunObjects, state: Checkpointing, summaries: Any) -> None:
     """A training start's records, once the run is accepted (its checkpoint restored): its
     operative config (`settings_record`; a resume that changed settings names them in one line,
-    with a note where the checkpoint's state overrides one), and `metrics.jsonl` rewound to the
-    checkpoint (`MetricsFile.rewind`); a start marked in the train and eval summaries
+    with a note where the checkpoint's state overrides one), and the run's loggers rewound to the
+    checkpoint and started (`loggers.Records.start`); a start marked in the train and eval summaries
     (`compat.write_session_start`), so that TensorBoard drops the points a resume orphans.
     Eager, the chief."""
     step = int(objects.global_step.numpy())
@@ -157,7 +157,8 @@ def record_start(model_dir: str, objects: RunObjects, state: Checkpointing, summ
         messages.say(line)
     evaluated = getattr(state.checkpoint, "evaluated_step", None)
     last_eval = step if evaluated is None else int(evaluated.numpy())
-    metrics_file.MetricsFile(model_dir).rewind(step, max(last_eval, -1))
+    if summaries.train.metrics is not None:  # the run's loggers, rewound to the checkpoint
+        summaries.train.metrics.start(step, resumed, step, max(last_eval, -1))
     # TensorBoard's reader takes a run's first START as its beginning, and each later one as a
     # restart that drops the points at and past its step: those past the checkpoint here.
     after = 1 if resumed else 0

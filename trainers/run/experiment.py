@@ -58,6 +58,7 @@ def run_experiment(
     mixed_precision: str | None = _D["mixed_precision"],
     ema: Any = _D["ema"],
     export_at_end: bool = _D["export_at_end"],
+    loggers: Any = _D["loggers"],
     params: Any = None,
 ) -> dict:
     """Trains and/or evaluates `task` under `model_dir`; gin binds `orbitask.run_experiment.*`.

@@ -200,7 +200,7 @@ class ExperimentRunner(ModeRunning):
             self.model_dir,
             self.output_dir,
             self.objects.global_step,
-            self.settings.loop.steps_per_loop,
+            self.settings,
             self._step_now,
             write_train=self.chief and self.training,
             write_eval=self.chief,

@@ -170,6 +170,8 @@ class FeatureSettings:
       export_at_end: when training ends (at `train_steps` or an early stop), write the model
         as a SavedModel under `model_dir/export/<step>/` (`trainers.saved_model`), with the EMA
         averages when `ema` is set.
+      loggers: where the run's scalars go (`trainers.state.loggers`): 'tensorboard' (always),
+        'jsonl', 'csv', 'mlflow', 'wandb', or `orbitask.Logger` instances of your own.
     """
 
     nan_guard: Any = None
@@ -178,6 +180,7 @@ class FeatureSettings:
     histogram_interval: int | None = None
     profile_steps: Any = None
     export_at_end: bool = False
+    loggers: Any = ("tensorboard", "jsonl")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,228 @@
+"""Where a run's scalars go: `orbitask.run_experiment.loggers`, default `('tensorboard', 'jsonl')`.
+
+Every scalar that goes to TensorBoard (train logs at each device loop's end, each evaluation,
+the learning rate) also goes to each logger, keyed by step and split (`"train"`, `"eval"`, or
+`"eval/<name>"` for several validation sets):
+
+- `'tensorboard'`: the event files under `train/` and `eval/`, always written (images,
+  histograms, profiles and callbacks' summaries live there);
+- `'jsonl'`: `<model_dir>/metrics.jsonl` (`metrics_file`);
+- `'csv'`: `<model_dir>/metrics.csv`, one row a value: `step,split,name,value`;
+- `'mlflow'`: an MLflow run (where MLflow's own `MLFLOW_TRACKING_URI` says), its id
+  kept in `<model_dir>/mlflow_run_id` so that a resumed run goes on in it; the run's settings
+  as its params. `pip install 'orbitask[mlflow]'`.
+- `'wandb'`: a W&B run (W&B's own settings; `WANDB_MODE=offline` works without a network),
+  resumed by its id in `<model_dir>/wandb_run_id`; the settings as its config.
+  `pip install 'orbitask[wandb]'`.
+- a `Logger` of your own, bound in gin: `loggers = ['tensorboard', 'jsonl', @MyLogger()]`.
+
+A training run resumed from a checkpoint rewinds the files to it (`rewind`), so that after a
+kill -9 they hold each split and step once. MLflow and W&B keep the points a killed run wrote
+past its checkpoint; the resumed run writes those steps again. Evaluation modes append to
+`eval/metrics.jsonl` (and `eval/metrics.csv`) of their output folder only.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import os
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from orbitask.trainers.errors import ConfigError
+from orbitask.trainers.state import metrics_file
+
+BUILT_IN = ("tensorboard", "jsonl", "csv", "mlflow", "wandb")
+_EXTRAS = {"mlflow": "mlflow", "wandb": "wandb"}
+
+
+class Logger:
+    """A place a run's scalars go. Subclass it, override what you need, and bind an instance
+    in gin (`orbitask.run_experiment.loggers = ['tensorboard', 'jsonl', @MyLogger()]`). Each
+    method is called eagerly by the chief of a training run."""
+
+    def start(self, model_dir: str, params: Mapping[str, Any], step: int, resumed: bool) -> None:
+        """Once, when training starts at `step` (`resumed`: from a checkpoint), with the run's
+        settings as `params` (name -> value, values that are not numbers or text as text).
+        Eager; returns None."""
+
+    def write(self, step: int, split: str, scalars: Mapping[str, float]) -> None:
+        """The scalars of `split` ("train", "eval", "eval/<name>") at `step`. Eager; returns
+        None."""
+
+    def rewind(self, train_step: int, eval_step: int) -> None:
+        """A start from a checkpoint (any start, before `start`): drop what was written past
+        these steps, if you can. Eager; returns None."""
+
+
+class JsonlLogger(Logger):
+    """`<folder>/metrics.jsonl` (`metrics_file.MetricsFile`)."""
+
+    def __init__(self, folder: str):
+        self.file = metrics_file.MetricsFile(folder)
+
+    def write(self, step: int, split: str, scalars: Mapping[str, float]) -> None:
+        self.file.write(step, split, scalars)
+
+    def rewind(self, train_step: int, eval_step: int) -> None:
+        self.file.rewind(train_step, eval_step)
+
+
+class CsvLogger(Logger):
+    """`<folder>/metrics.csv`: a header `step,split,name,value`, then one row a value."""
+
+    def __init__(self, folder: str):
+        self.path = os.path.join(folder, "metrics.csv")
+
+    def write(self, step: int, split: str, scalars: Mapping[str, float]) -> None:
+        new = not os.path.isfile(self.path)
+        with open(self.path, "a", newline="", encoding="utf-8") as f:
+            writer = csv.writer(f)
+            if new:
+                writer.writerow(["step", "split", "name", "value"])
+            writer.writerows([int(step), split, name, value] for name, value in scalars.items())
+
+    def rewind(self, train_step: int, eval_step: int) -> None:
+        if not os.path.isfile(self.path):
+            return
+        with open(self.path, newline="", encoding="utf-8", errors="replace") as f:
+            rows = list(csv.reader(f))
+        kept = rows[:1] + [r for r in rows[1:] if _kept(r, train_step, eval_step)]
+        if len(kept) != len(rows):
+            with open(self.path, "w", newline="", encoding="utf-8") as f:
+                csv.writer(f).writerows(kept)
+
+
+def _kept(row: list, train_step: int, eval_step: int) -> bool:
+    try:
+        step, split = int(row[0]), row[1]
+    except (ValueError, IndexError):
+        return False  # a row cut short by a kill
+    return step <= (train_step if split == "train" else eval_step)
+
+
+class MlflowLogger(Logger):
+    """An MLflow run through `MlflowClient` (no global active run); resumed by its saved id."""
+
+    def start(self, model_dir: str, params: Mapping[str, Any], step: int, resumed: bool) -> None:
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient()
+        id_file = os.path.join(model_dir, "mlflow_run_id")
+        self.run_id = _read(id_file)
+        if self.run_id is None:
+            name = os.path.basename(os.path.abspath(model_dir))
+            experiment = self.client.get_experiment_by_name("orbitask")
+            experiment_id = (
+                experiment.experiment_id
+                if experiment is not None
+                else self.client.create_experiment("orbitask")
+            )
+            self.run_id = self.client.create_run(experiment_id, run_name=name).info.run_id
+            _write(id_file, self.run_id)
+            for key, value in params.items():
+                self.client.log_param(self.run_id, key, str(value)[:500])
+
+    def write(self, step: int, split: str, scalars: Mapping[str, float]) -> None:
+        for name, value in scalars.items():
+            self.client.log_metric(self.run_id, f"{split}/{name}", value, step=int(step))
+
+
+class WandbLogger(Logger):
+    """A W&B run, resumed by its saved id (`resume="allow"`)."""
+
+    def start(self, model_dir: str, params: Mapping[str, Any], step: int, resumed: bool) -> None:
+        import wandb
+
+        id_file = os.path.join(model_dir, "wandb_run_id")
+        run_id = _read(id_file) or uuid.uuid4().hex[:8]
+        _write(id_file, run_id)
+        name = os.path.basename(os.path.abspath(model_dir))
+        self.run = wandb.init(
+            id=run_id, name=name, dir=model_dir, config=dict(params), resume="allow",
+            reinit="finish_previous",
+        )  # fmt: skip
+
+    def write(self, step: int, split: str, scalars: Mapping[str, float]) -> None:
+        self.run.log({f"{split}/{name}": value for name, value in scalars.items()}, step=step)
+
+
+class Records:
+    """The loggers of a run, written as one (the summary managers' `metrics`). Eager."""
+
+    def __init__(self, loggers: list[Logger], model_dir: str, params: Mapping[str, Any]):
+        self.loggers, self.model_dir, self.params = loggers, model_dir, params
+
+    def start(self, step: int, resumed: bool, train_step: int, eval_step: int) -> None:
+        """A training start: each logger rewound to the checkpoint's steps (a fresh run's: 0),
+        then started. Eager; returns None."""
+        for logger in self.loggers:
+            logger.rewind(train_step, eval_step)
+            logger.start(self.model_dir, self.params, step, resumed)
+
+    def write(self, step: int, split: str, logs: Mapping[str, Any]) -> None:
+        """The scalars of `logs` (none: nothing written) to every logger."""
+        values = metrics_file.scalars(logs)
+        if values:
+            for logger in self.loggers:
+                logger.write(step, split, values)
+
+    def write_eval(self, step: int, logs: Mapping[str, Any]) -> None:
+        """One evaluation's logs: `"eval"`, and `"eval/<name>"` per validation set."""
+        self.write(step, "eval", logs)
+        for name, one in logs.items():
+            if isinstance(one, Mapping):
+                self.write(step, f"eval/{name}", one)
+
+
+def build(loggers: Any, folder: str, training: bool) -> list[Logger]:
+    """The loggers named or given in `loggers` writing under `folder`; an evaluation mode
+    (`training` False) keeps only the files. Eager, before any work.
+
+    Raises:
+      ConfigError: for an unknown name, a list without 'tensorboard', or a logger whose package
+        is not installed (naming the pip command).
+    """
+    loggers = list(loggers) if isinstance(loggers, (list, tuple)) else [loggers]
+    names = [x for x in loggers if isinstance(x, str)]
+    unknown = [x for x in names if x not in BUILT_IN] + [
+        repr(x) for x in loggers if not isinstance(x, (str, Logger))
+    ]
+    if unknown:
+        raise ConfigError(
+            f"unknown logger {unknown[0]}: orbitask.run_experiment.loggers takes "
+            f"{', '.join(repr(b) for b in BUILT_IN)} or an orbitask.Logger instance."
+        )
+    if "tensorboard" not in names:
+        raise ConfigError(
+            "orbitask.run_experiment.loggers must keep 'tensorboard': its event files also hold "
+            "images, histograms, profiles and callbacks' summaries."
+        )
+    for name in names:
+        if name in _EXTRAS and importlib.util.find_spec(_EXTRAS[name]) is None:
+            raise ConfigError(
+                f"the logger {name!r} needs its package: pip install 'orbitask[{name}]' (or "
+                "remove it from orbitask.run_experiment.loggers)."
+            )
+    made = {"jsonl": JsonlLogger, "csv": CsvLogger, "mlflow": MlflowLogger, "wandb": WandbLogger}
+    built = []
+    for x in loggers:
+        if x in ("jsonl", "csv"):
+            built.append(made[x](folder))
+        elif training and x != "tensorboard":
+            built.append(made[x]() if isinstance(x, str) else x)
+    return built
+
+
+def _read(path: str) -> str | None:
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return f.read().strip() or None
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text + "\n")
