@@ -28,9 +28,9 @@ def _run(task, model_dir, **kwargs):
     return run_experiment(task, str(model_dir), **settings)
 
 
-class Triples(TinyTask):
+class Quadruples(TinyTask):
     def build_inputs(self, per_replica_batch_size, input_context=None, training=True):
-        ds = tf.data.Dataset.from_tensor_slices((self.x, self.y, self.y)).repeat()
+        ds = tf.data.Dataset.from_tensor_slices((self.x, self.y, self.y, self.y)).repeat()
         return ds.batch(per_replica_batch_size, drop_remainder=True)
 
 
@@ -102,9 +102,9 @@ CASES = [
         r"step 0\); fix the path in build_inputs",
     ),
     (
-        Triples,
-        r"must yield \(inputs, labels\) pairs .* received elements "
-        r"\(float32\[8, 6\], int32\[8\], int32\[8\]\)",
+        Quadruples,
+        r"must yield \(inputs, labels\) pairs or \(inputs, labels, weights\) triples .* "
+        r"received elements \(float32\[8, 6\], int32\[8\], int32\[8\], int32\[8\]\)",
     ),
     (FloatLabels, r"does not fit the model and loss: .*(int32|float)"),
     (ColumnLabels, r"does not fit the model and loss: .*(rank|shape|dimension)"),

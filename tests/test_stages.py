@@ -94,8 +94,11 @@ def test_default_input_and_loss_split_of_a_pair():
     assert float(loss_per_batch) == 3.0
     assert float(extra) == pytest.approx(float(tf.add_n(model.losses)))
     assert variables == model.trainable_variables
-    with pytest.raises(ValueError):
-        task.input_pre((x, y, y), None)
+    weights = tf.constant([0.5, 2.0])
+    assert task.input_pre((x, y, weights), None) is x  # a weighted batch
+    assert task.loss_pre(out, (x, y, weights), model, None)[1] is y
+    assert task.example_weights((x, y, weights)) is weights
+    assert task.example_weights((x, y)) is None
 
 
 class NanFirstBatch(TinyTask):
