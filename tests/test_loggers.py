@@ -7,9 +7,9 @@ import os
 import pytest
 
 import orbitask
-from orbitask.trainers import run_experiment
 from orbitask.trainers.state import loggers, metrics_file
 from tests.helpers import DiesAt, Killed
+from tests.test_metrics_file import _run  # 12 steps: loops of 2, checkpoints and evaluations at 4
 
 
 class Recorder(orbitask.Logger):
@@ -23,14 +23,6 @@ class Recorder(orbitask.Logger):
 
     def write(self, step, split, scalars):
         self.rows.append((step, split, dict(scalars)))
-
-
-def _run(task, model_dir, **kwargs):
-    settings = dict(mode="train_and_eval", train_steps=12, global_batch_size=8, steps_per_loop=2,
-                    loop_seconds=None, checkpoint_interval=4, checkpoint_seconds=None,
-                    eval_interval=4, strategy="one_device", progress=False)  # fmt: skip
-    settings.update(kwargs)
-    return run_experiment(task, str(model_dir), **settings)
 
 
 def _csv(model_dir) -> list[tuple]:
