@@ -154,7 +154,8 @@ def test_a_runs_periodic_work_is_the_controllers_schedule(tmp_path, monkeypatch)
     )  # fmt: skip
     names = built[0].schedule.names
     assert names == [
-        "callbacks", "results", "progress", "profiler", "nan_guard", "preemption", "model_dir",
+        "callbacks", "metrics_window", "results", "progress", "profiler", "nan_guard",
+        "preemption", "model_dir",
         "train_actions", "summaries", "checkpoint",
     ]  # fmt: skip
     assert not built[0].train_actions  # every action is an entry
