@@ -84,8 +84,9 @@ def test_dropout_resumes_exactly(tmp_path, flavour, strategy):
 
 
 def test_each_replica_draws_its_own_masks_and_a_restored_state_draws_them_again():
-    """Keras 3 dropout on 2 replicas: other masks on each replica; the state a checkpoint
-    restores (replica 0's, written to every copy) spreads again to the same masks."""
+    """Keras 3 dropout on 2 replicas: other masks on each replica, replica 0's those of one
+    device; the state a checkpoint restores (replica 0's, written to every copy) spreads again
+    to the same masks."""
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     with strategy.scope():
         layer = keras.layers.Dropout(0.5, seed=3)
@@ -99,6 +100,8 @@ def test_each_replica_draws_its_own_masks_and_a_restored_state_draws_them_again(
     draws()
     first = [m.numpy() for m in strategy.experimental_local_results(masks())]
     assert not np.array_equal(first[0], first[1])
+    one_device = keras.layers.Dropout(0.5, seed=3)(tf.ones((4, 64)), training=True)
+    np.testing.assert_array_equal(first[0], one_device)  # replica 0 draws as one device
     layer.seed_generator.state.assign(saved)  # as a restore writes it
     draws()
     again = [m.numpy() for m in strategy.experimental_local_results(masks())]
