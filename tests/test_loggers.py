@@ -120,3 +120,51 @@ def test_a_logger_without_its_package_names_the_install_command(tmp_path, monkey
     with pytest.raises(orbitask.ConfigError, match=r"pip install 'orbitask\[mlflow\]'"):
         _run(DiesAt(), tmp_path, loggers=["tensorboard", "mlflow"])
     assert not list(tmp_path.glob("ckpt-*"))
+
+
+def _session_groups(logdir) -> dict[str, tuple[dict, dict]]:
+    """TensorBoard's HPARAMS tab over `logdir`, read by the plugin's own handler: each session's
+    hparams and metrics (`"eval/accuracy"` -> the last value)."""
+    from tensorboard import context
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+    from tensorboard.plugins import base_plugin
+    from tensorboard.plugins.hparams import api_pb2, backend_context, list_session_groups
+
+    mux = plugin_event_multiplexer.EventMultiplexer()
+    mux.AddRunsFromDirectory(str(logdir))
+    mux.Reload()
+    provider = data_provider.MultiplexerDataProvider(mux, str(logdir))
+    tb = base_plugin.TBContext(logdir=str(logdir), data_provider=provider, multiplexer=mux)
+    request = api_pb2.ListSessionGroupsRequest(
+        allowed_statuses=[api_pb2.STATUS_UNKNOWN], aggregation_type=api_pb2.AGGREGATION_AVG,
+        include_metrics=True, start_index=0, slice_size=10,
+    )  # fmt: skip
+    handler = list_session_groups.Handler(
+        context.RequestContext(), backend_context.Context(tb), "", request
+    )
+    groups = {}
+    for group in handler.run().session_groups:
+        hparams = {k: getattr(v, v.WhichOneof("kind")) for k, v in group.hparams.items()}
+        metrics = {f"{m.name.group}/{m.name.tag}": m.value for m in group.metric_values}
+        groups[group.name] = (hparams, metrics)
+    return groups
+
+
+@pytest.mark.slow  # three runs
+def test_tensorboards_hparams_tab_compares_a_sweeps_runs(tmp_path):
+    """Two runs of a sweep, one resumed with a longer schedule: the HPARAMS tab shows each run
+    once, with the settings it ran with and its final evaluation."""
+    _run(DiesAt(), tmp_path / "fast", learning_rate=0.1)
+    _run(DiesAt(), tmp_path / "slow", learning_rate=0.01, train_steps=8)
+    _run(DiesAt(), tmp_path / "slow", learning_rate=0.01)
+    groups = _session_groups(tmp_path)
+    assert sorted(groups) == ["fast", "slow"]
+    for name, rate in (("fast", 0.1), ("slow", 0.01)):
+        hparams, metrics = groups[name]
+        assert hparams["learning_rate"] == pytest.approx(rate)
+        assert hparams["train_steps"] == 12 and hparams["global_batch_size"] == 8
+        last = [r for r in metrics_file.read(str(tmp_path / name / "metrics.jsonl"))
+                if r["split"] == "eval"][-1]  # fmt: skip
+        assert last["step"] == 12
+        assert metrics["eval/accuracy"] == pytest.approx(last["accuracy"])
+        assert metrics["eval/loss"] == pytest.approx(last["loss"])

@@ -6,12 +6,15 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from PIL import Image
 
 from orbitask.trainers import run_experiment
-from orbitask.trainers.commands import cli, report
+from orbitask.trainers.commands import cli, compare, report
+from orbitask.trainers.state import metrics_file
 from tests.helpers import TinyTask
+from tests.test_settings_record import _train
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +75,8 @@ def test_output_and_metric_flags(model_dir, tmp_path, capsys):
     [
         ([], "--model_dir is required"),
         (["--model_dir={missing}"], "--model_dir '.*missing' does not exist"),
-        (["--model_dir={empty}"], "no TensorBoard event files in .*empty/train .*--model_dir"),
+        (["--model_dir={empty}"], "'.*empty' is neither a run .* nor a folder of runs"),
+        (["--model_dir={run}", "--model_dir={empty}"], "'.*empty' is neither a run"),
         (
             ["--model_dir={run}", "--metric=f1"],
             "--metric 'f1' is not an eval summary of this run; it has: accuracy, loss.",
@@ -81,7 +85,16 @@ def test_output_and_metric_flags(model_dir, tmp_path, capsys):
         (["--modle_dir=x"], "Unknown command line flag 'modle_dir'"),
         (["{run}"], "unexpected argument.*use --model_dir=DIR"),
     ],
-    ids=["no_dir", "missing", "empty", "bad_metric", "bad_output", "typo", "positional"],
+    ids=[
+        "no_dir",
+        "missing",
+        "empty",
+        "one_empty",
+        "bad_metric",
+        "bad_output",
+        "typo",
+        "positional",
+    ],
 )
 def test_mistakes_are_one_line(model_dir, tmp_path, capsys, args, message):
     (tmp_path / "empty").mkdir()
@@ -139,3 +152,47 @@ def test_the_command_prints_no_tensorflow_start_up_lines(model_dir):
     )
     assert done.returncode == 0, done.stderr
     assert done.stderr == "" and done.stdout.startswith("run "), done.stderr
+
+
+@pytest.mark.slow  # three digits runs
+def test_several_runs_are_overlaid_and_tabled_with_the_bindings_that_differ(tmp_path, capsys):
+    """A sweep's folder, or its runs named one by one: a row per run with its final and best
+    evaluation (from its metrics file) and the bindings that differ between the runs."""
+    rate = "orbitask.run_experiment.learning_rate = {}"
+    _train(tmp_path / "sweep" / "lr_0.1", 30, rate.format(0.1), mode="train_and_eval")
+    _train(tmp_path / "sweep" / "lr_0.001", 30, rate.format(0.001), mode="train_and_eval")
+    _train(tmp_path / "sweep" / "lr_0.001_long", 40, rate.format(0.001), mode="train_and_eval")
+    capsys.readouterr()
+    assert report.main([f"--model_dir={tmp_path / 'sweep'}"]) == 0
+    out = capsys.readouterr().out
+    header, *rows = out.split("\n\n")[0].splitlines()
+    assert header.split() == ["run", "steps", "final", "accuracy", "best", "accuracy", "(step)",
+                              "TRAIN_STEPS", "run_experiment.learning_rate"]  # fmt: skip
+    assert [r.split()[0] for r in rows] == ["lr_0.001", "lr_0.001_long", "lr_0.1"]
+    for row in rows:
+        name, steps, final, best, best_step, train_steps, lr = row.split()
+        evals = [r for r in metrics_file.read(str(tmp_path / "sweep" / name / "metrics.jsonl"))
+                 if r["split"] == "eval"]  # fmt: skip
+        assert int(steps) == int(train_steps) == evals[-1]["step"]
+        assert float(final) == pytest.approx(evals[-1]["accuracy"], abs=5e-5)
+        top = max(evals, key=lambda r: r["accuracy"])
+        assert float(best) == pytest.approx(top["accuracy"], abs=5e-5)
+        assert best_step == f"({top['step']})" and lr == name.split("_")[1]
+    with Image.open(tmp_path / "sweep" / "report.png") as image:
+        assert image.size == (1000, 700)
+
+    two = [f"--model_dir={tmp_path / 'sweep' / n}" for n in ("lr_0.1", "lr_0.001")]
+    assert report.main([*two, f"--output={tmp_path / 'two.png'}"]) == 0
+    header, *rows = capsys.readouterr().out.split("\n\n")[0].splitlines()
+    assert header.split()[-1] == "run_experiment.learning_rate" and "TRAIN_STEPS" not in header
+    assert [r.split()[0] for r in rows] == ["lr_0.1", "lr_0.001"]
+    assert (tmp_path / "two.png").stat().st_size > 10_000
+
+
+def test_the_table_tells_a_runs_final_evaluation_from_its_best(tmp_path):
+    runs = [str(tmp_path / "a"), str(tmp_path / "b")]
+    evals = [{"accuracy": (np.array([10, 20, 30]), np.array([0.5, 0.9, 0.7]))},
+             {"loss": (np.array([10]), np.array([1.0]))}]  # fmt: skip
+    loaded = [report.Run(train={}, eval=e, seconds=[1.0]) for e in evals]
+    rows = [r.split() for r in compare.table(runs, loaded, "accuracy").splitlines()[1:]]
+    assert rows == [["a", "30", "0.7", "0.9", "(20)"], ["b", "10", "-", "-"]]

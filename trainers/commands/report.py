@@ -2,7 +2,8 @@
 
     orbitask report --model_dir=runs/digits [--output=report.png] [--metric=accuracy]
 
-Reads the TensorBoard event files the runner writes under `model_dir/train` and `model_dir/eval`
+Several `--model_dir`, or a folder of runs, compare the runs instead (`compare`). For one run, it
+reads the TensorBoard event files the runner writes under `model_dir/train` and `model_dir/eval`
 and draws loss (train and eval), eval metrics, learning rate and steps/s over steps; prints the
 best eval metric and its step, the last checkpoint and the run time. Runs eagerly, on the host;
 it never builds the task.
@@ -22,7 +23,12 @@ from absl import flags
 from orbitask.trainers.state import metrics_file
 
 FLAGS = flags.FlagValues()
-flags.DEFINE_string("model_dir", None, "The run's --model_dir.", flag_values=FLAGS)
+flags.DEFINE_multi_string(
+    "model_dir",
+    None,
+    "The run's --model_dir; repeated, or a folder of runs, compares the runs.",
+    flag_values=FLAGS,
+)
 flags.DEFINE_string(
     "output", None, "Where the PNG goes (default: MODEL_DIR/report.png).", flag_values=FLAGS
 )
@@ -305,7 +311,13 @@ def main(argv: list[str]) -> int:
             raise ReportError(f"unexpected argument(s) {' '.join(rest)}; use --model_dir=DIR.")
         if not FLAGS.model_dir:
             raise ReportError("--model_dir is required: the directory of the run to report.")
-        text = report(FLAGS.model_dir, FLAGS.output, FLAGS.metric)
+        from orbitask.trainers.commands import compare
+
+        runs = compare.find_runs(FLAGS.model_dir)
+        if len(runs) == 1:
+            text = report(runs[0], FLAGS.output, FLAGS.metric)
+        else:
+            text = compare.report_runs(runs, FLAGS.output, FLAGS.metric)
     except (ReportError, flags.Error) as e:
         print(f"orbitask: error: {e}", file=sys.stderr)
         return 2

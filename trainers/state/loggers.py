@@ -5,7 +5,10 @@ the learning rate) also goes to each logger, keyed by step and split (`"train"`,
 `"eval/<name>"` for several validation sets):
 
 - `'tensorboard'`: the event files under `train/` and `eval/`, always written (images,
-  histograms, profiles and callbacks' summaries live there);
+  histograms, profiles and callbacks' summaries live there), and in a training run the HParams
+  plugin's data in `<model_dir>` itself (`TensorBoardHParams`): the settings as hparams, so
+  TensorBoard's HPARAMS tab, pointed at a sweep's parent folder, compares its runs by their
+  final evaluations;
 - `'jsonl'`: `<model_dir>/metrics.jsonl` (`metrics_file`);
 - `'csv'`: `<model_dir>/metrics.csv`, one row a value: `step,split,name,value`;
 - `'mlflow'`: an MLflow run (where MLflow's own `MLFLOW_TRACKING_URI` says), its id
@@ -149,6 +152,25 @@ class WandbLogger(Logger):
         self.run.log({f"{split}/{name}": value for name, value in scalars.items()}, step=step)
 
 
+class TensorBoardHParams(Logger):
+    """The HParams plugin's data: the settings as a session's hparams, in an events file of
+    `<model_dir>` itself. The plugin takes the last value of each scalar under `train/` and
+    `eval/` as that session's metrics (the final evaluation's, for eval ones). It shows a run's
+    first hparams only, so each start replaces the file: a resumed run shows its own settings
+    (each start's are kept in `operative_config-<step>.gin`)."""
+
+    def start(self, model_dir: str, params: Mapping[str, Any], step: int, resumed: bool) -> None:
+        import tensorflow as tf
+        from tensorboard.plugins.hparams import api as hp
+
+        for old in tf.io.gfile.glob(os.path.join(model_dir, "events.out.tfevents.*")):
+            tf.io.gfile.remove(old)
+        writer = tf.summary.create_file_writer(model_dir)
+        with writer.as_default():
+            hp.hparams(dict(params), trial_id=os.path.basename(os.path.abspath(model_dir)))
+        writer.close()
+
+
 class Records:
     """The loggers of a run, written as one (the summary managers' `metrics`). Eager."""
 
@@ -207,11 +229,12 @@ def build(loggers: Any, folder: str, training: bool) -> list[Logger]:
                 "remove it from orbitask.run_experiment.loggers)."
             )
     made = {"jsonl": JsonlLogger, "csv": CsvLogger, "mlflow": MlflowLogger, "wandb": WandbLogger}
+    made["tensorboard"] = TensorBoardHParams
     built = []
     for x in loggers:
         if x in ("jsonl", "csv"):
             built.append(made[x](folder))
-        elif training and x != "tensorboard":
+        elif training:
             built.append(made[x]() if isinstance(x, str) else x)
     return built
 

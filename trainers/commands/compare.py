@@ -1,0 +1,148 @@
+"""`orbitask report` over several runs: their curves overlaid and a table of their results.
+
+    orbitask report --model_dir=runs/lr_0.1 --model_dir=runs/lr_0.01   # these runs
+    orbitask report --model_dir=runs                                   # each run under runs/
+
+The table has a row per run: its last step, its final and best evaluation of the ranked metric
+(`--metric`, as for one run) and the gin bindings that differ between the runs, read from each
+run's `operative_config.gin`. The PNG overlays train loss, eval loss, the metric and the learning
+rate, one line per run. Eager, on the host; it never builds a task.
+"""
+
+from __future__ import annotations
+
+import os
+
+from orbitask.trainers.commands import report
+from orbitask.trainers.state import settings_record
+
+
+def is_run(path: str) -> bool:
+    """Whether `path` is a model directory (it has `train/`, `eval/` or `metrics.jsonl`)."""
+    return any(
+        os.path.exists(os.path.join(path, name)) for name in ("train", "eval", "metrics.jsonl")
+    )
+
+
+def find_runs(paths: list[str]) -> list[str]:
+    """The model directories `paths` name: each path that is a run, and for one that is not,
+    the runs directly under it (sorted).
+
+    Raises:
+      report.ReportError: for a missing path or a folder holding no run.
+    """
+    runs = []
+    for path in paths:
+        if not os.path.isdir(path):
+            raise report.ReportError(f"--model_dir {path!r} does not exist or is not a directory.")
+        if is_run(path):
+            runs.append(path)
+            continue
+        below = [os.path.join(path, n) for n in sorted(os.listdir(path))]
+        found = [p for p in below if os.path.isdir(p) and is_run(p)]
+        if not found:
+            raise report.ReportError(
+                f"--model_dir {path!r} is neither a run (no train/, eval/ or metrics.jsonl) "
+                "nor a folder of runs; pass the --model_dir you trained with."
+            )
+        runs.extend(found)
+    return runs
+
+
+def names(runs: list[str]) -> list[str]:
+    """Each run's shortest distinct name: its path below the runs' common folder."""
+    if len(runs) == 1:
+        return [os.path.basename(os.path.normpath(runs[0]))]
+    common = os.path.commonpath([os.path.abspath(r) for r in runs])
+    return [os.path.relpath(os.path.abspath(r), common) for r in runs]
+
+
+def differing_bindings(runs: list[str]) -> dict[str, list[str]]:
+    """`{binding: [value in each run]}` of the gin bindings that differ between the runs (`-`:
+    unbound in that run, or no `operative_config.gin`)."""
+    each = []
+    for run in runs:
+        path = os.path.join(run, settings_record.LATEST)
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                each.append(settings_record.bindings(f.read()))
+        except (OSError, SyntaxError, ValueError):
+            each.append({})
+    keys = list(dict.fromkeys(k for one in each for k in one))
+    values = {k: [one.get(k, "-") for one in each] for k in keys}
+    return {k: v for k, v in values.items() if len(set(v)) > 1}
+
+
+def table(runs: list[str], loaded: list[report.Run], metric: str | None) -> str:
+    """The text table: a row per run (module docstring). Eager."""
+    header = ["run", "steps"]
+    if metric:
+        header += [f"final {metric}", f"best {metric} (step)"]
+    differ = differing_bindings(runs)
+    header += list(differ)
+    rows = [header]
+    for i, (name, run) in enumerate(zip(names(runs), loaded, strict=True)):
+        steps = [int(s[0][-1]) for s in (*run.train.values(), *run.eval.values()) if len(s[0])]
+        row = [name, str(max(steps)) if steps else "-"]
+        if metric and metric in run.eval:
+            value, step = report.best(run, metric)
+            row += [f"{run.eval[metric][1][-1]:.4g}", f"{value:.4g} ({step})"]
+        elif metric:
+            row += ["-", "-"]
+        rows.append(row + [values[i] for values in differ.values()])
+    widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    )
+
+
+def plot(runs: list[str], loaded: list[report.Run], metric: str | None, path: str) -> None:
+    """Writes a 2x2 PNG (1000x700 px): train loss, eval loss, eval `metric`, learning rate,
+    one line per run. Eager."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(10, 7), dpi=100, layout="constrained")
+    FigureCanvasAgg(figure)
+    panels = [("train loss", "train", "loss"), ("eval loss", "eval", "loss")]
+    panels += [(f"eval {metric}", "eval", metric), ("learning rate", "train", "learning_rate")]
+    for ax, (title, split, tag) in zip(figure.subplots(2, 2).ravel(), panels, strict=True):
+        drawn = 0
+        for name, run in zip(names(runs), loaded, strict=True):
+            series = getattr(run, split)
+            if tag in series:
+                steps, values = series[tag]
+                ax.plot(steps, values, marker="o" if len(steps) < 30 else None, label=name)
+                drawn += 1
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if drawn:
+            ax.legend()
+        else:
+            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
+    figure.savefig(path)
+
+
+def report_runs(runs: list[str], output: str | None, metric: str | None) -> str:
+    """Writes the overlaid PNG (default: `report.png` in the runs' common folder) and returns
+    the table and the PNG's path. Eager.
+
+    Raises:
+      report.ReportError: for a run without event files or a `metric` no run evaluated.
+    """
+    loaded = [report.load_run(run) for run in runs]
+    chosen = None
+    if metric is not None:
+        if not any(metric in run.eval for run in loaded):
+            raise report.ReportError(f"--metric {metric!r} is an eval summary of none of the runs.")
+        chosen = metric
+    else:
+        chosen = next((m for m in map(report.pick_metric, loaded) if m), None)
+    common = os.path.commonpath([os.path.abspath(r) for r in runs])
+    png = output or os.path.join(common, "report.png")
+    try:
+        plot(runs, loaded, chosen, png)
+    except OSError as e:
+        raise report.ReportError(f"cannot write the plot to --output {png!r}: {e}.") from e
+    return f"{table(runs, loaded, chosen)}\n\nplot  {png}"
