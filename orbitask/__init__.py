@@ -43,6 +43,7 @@ if TYPE_CHECKING:  # what editors and type checkers read; at runtime each name l
     from orbitask.trainers.features.warm_start import WarmStart as WarmStart
     from orbitask.trainers.run.experiment import run_experiment as run_experiment
     from orbitask.trainers.state.loggers import Logger as Logger
+    from orbitask.trainers.state.predictions import read_predictions as read_predictions
 
 __all__ = sorted([*_tasks.__all__, *_trainers.__all__])
 

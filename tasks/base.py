@@ -107,6 +107,15 @@ class Task(DefaultSteps):
         """
         raise MissingBuilder(f"{type(self).__name__} must implement build_inputs().")
 
+    def build_predict_inputs(
+        self, per_replica_batch_size: int, input_context: tf.distribute.InputContext | None = None
+    ) -> Any:
+        """Returns the finite dataset `--mode=predict` runs the model over, batched per replica,
+        in a fixed order (a rerun resumes by counting its batches). Runs eagerly, once per
+        input pipeline. Default: the validation input; of several validation sets, the first."""
+        value = self.build_inputs(per_replica_batch_size, input_context, training=False)
+        return next(iter(value.values())) if isinstance(value, dict) else value
+
     def make_batches(self, dataset: tf.data.Dataset, per_replica_batch_size: int):
         """Returns the dataset with custom batching (seed default: unchanged). Eager, once."""
         del per_replica_batch_size
@@ -168,6 +177,12 @@ class Task(DefaultSteps):
         """
         del lr
         return batch[0]
+
+    def predict_step(self, batch: Any, model: Any) -> Any:
+        """Returns what `--mode=predict` keeps of one replica's batch: any nest of tensors with
+        the batch's examples as their leading dimension. Default: `model(input_pre(batch, None),
+        training=False)`. Traced by tf.function, per replica."""
+        return model(self.input_pre(batch, None), training=False)
 
     def loss_pre(self, outputs: Any, batch: Any, model: Any, lr: Any) -> Any:
         """Returns the loss input (seed default: `(outputs, gt)`). Traced by tf.function."""

@@ -78,14 +78,17 @@ def replicas_in(output: str) -> list[int]:
     return [int(n) for n in re.findall(r"orbitask: \w+Strategy, (\d+) replicas? \(", output)]
 
 
-def kill_after_line(cmd, rng: random.Random, sig=signal.SIGKILL, steps=(30, 50, 70), timeout=180):
+def kill_after_line(
+    cmd, rng: random.Random, sig=signal.SIGKILL, steps=(30, 50, 70), timeout=180, line=None
+):
     """Starts the run, waits for its `step N: loss` line (N drawn from `steps`: training is under
-    way, past the first checkpoint at step 20), sends `sig` and waits for the exit.
+    way, past the first checkpoint at step 20) or for a line starting with `line`, sends `sig`
+    and waits for the exit.
 
     Waits on the output, not on a clock: up to `timeout` seconds in all, for a slow machine.
     Returns `(proc, output)`, the output being everything the run printed.
     """
-    target = f"step {rng.choice(steps)}: loss"
+    target = line or f"step {rng.choice(steps)}: loss"
     proc = start(cmd)
     lines, seen = [], threading.Event()
 

@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # what editors and type checkers read; at runtime each name l
     from orbitask.trainers.features.warm_start import WarmStart as WarmStart
     from orbitask.trainers.run.experiment import run_experiment as run_experiment
     from orbitask.trainers.state.loggers import Logger as Logger
+    from orbitask.trainers.state.predictions import read_predictions as read_predictions
 
 __all__, __getattr__, __dir__ = exports(
     __name__,
@@ -35,6 +36,7 @@ __all__, __getattr__, __dir__ = exports(
         "NanGuard": "orbitask.trainers.features.nan_guard",
         "NonFiniteLossError": "orbitask.trainers.errors",
         "Preempted": "orbitask.trainers.errors",
+        "read_predictions": "orbitask.trainers.state.predictions",
         "run_experiment": "orbitask.trainers.run.experiment",
         "TaskTrainer": "orbitask.trainers.engine.trainer",
         "ValidationControl": "orbitask.trainers.features.validation_control",

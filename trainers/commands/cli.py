@@ -5,6 +5,7 @@
     orbitask new NAME                                 # a Task file + gin file (commands.scaffold)
     orbitask launch --workers N -- TRAIN_FLAGS        # a local cluster (commands.launch)
     orbitask export --model_dir=...                   # a SavedModel of a run (commands.export)
+    orbitask verify --gin_file=...                    # 1 device == N replicas? (commands.verify)
 
 Each subcommand is a module with `main(argv) -> exit status`, imported only when used.
 """
@@ -35,6 +36,10 @@ COMMANDS = {
     "export": (
         "orbitask.trainers.commands.export",
         "write a run's model as a SavedModel under MODEL_DIR/export/<step>/",
+    ),
+    "verify": (
+        "orbitask.trainers.commands.verify",
+        "check that an experiment trains alike on one device and on N replicas",
     ),
 }
 

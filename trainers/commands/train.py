@@ -29,21 +29,22 @@ flags.DEFINE_string("model_dir", None, "Checkpoints and summaries go here.", fla
 flags.DEFINE_enum(
     "mode",
     "train_and_eval",
-    ["train", "eval", "train_and_eval", "continuous_eval", "eval_all"],
-    "What to run (eval_all: every checkpoint of --model_dir, oldest first).",
+    ["train", "eval", "train_and_eval", "continuous_eval", "eval_all", "predict"],
+    "What to run (eval_all: every checkpoint of --model_dir, oldest first; predict: the model "
+    "over the Task's prediction input into --model_dir/predictions/).",
     flag_values=FLAGS,
 )
 flags.DEFINE_string(
     "checkpoint",
     None,
-    "With --mode=eval: the checkpoint to evaluate (a ckpt-N prefix); default: the newest.",
+    "With --mode=eval or predict: the checkpoint to use (a ckpt-N prefix); default: the newest.",
     flag_values=FLAGS,
 )
 flags.DEFINE_string(
     "output_dir",
     None,
-    "Evaluation modes: eval/ summaries go here, and --model_dir is only read (it may be "
-    "read-only); default: --model_dir.",
+    "Evaluation modes: eval/ summaries go here (predict: predictions/), and --model_dir is only "
+    "read (it may be read-only); default: --model_dir.",
     flag_values=FLAGS,
 )
 

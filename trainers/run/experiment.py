@@ -8,7 +8,7 @@ from typing import Any
 import gin
 
 from orbitask.tasks import model_garden, setting_rules
-from orbitask.trainers.run import messages
+from orbitask.trainers.run import messages, predicting
 from orbitask.trainers.run.runner import ExperimentRunner
 from orbitask.trainers.run.settings import Settings, defaults
 
@@ -65,11 +65,13 @@ def run_experiment(
 
     Eager; the work is `runner.ExperimentRunner`'s. `task`: an `orbitask.Task`, or a Model Garden
     task as it is (docs/porting_from_model_garden.md), whose `ExperimentConfig` `params` then
-    gives the optimizer and schedule. `mode`: train, eval, train_and_eval, continuous_eval or
-    eval_all (every checkpoint, oldest first). `eval_checkpoint`: the `ckpt-N` that mode eval
-    evaluates (None: the newest). `output_dir`: where an evaluation mode writes `eval/` (None:
-    `model_dir`), so that `model_dir` may be read-only. `fast_dev_run`: one training step and one
-    evaluation step (`fast_dev_run`), nothing written to `model_dir`. Every other argument is the
+    gives the optimizer and schedule. `mode`: train, eval, train_and_eval, continuous_eval,
+    eval_all (every checkpoint, oldest first) or predict (`predicting`: the model over
+    `build_predict_inputs`, into `predictions/`). `eval_checkpoint`: the `ckpt-N` that mode eval
+    or predict uses (None: the newest). `output_dir`: where an evaluation mode writes `eval/` (None:
+    `model_dir`; predict: `predictions/` goes there), so that `model_dir` may be read-only.
+    `fast_dev_run`: one training step and one evaluation step (`fast_dev_run`; predict: one
+    prediction step), nothing written to `model_dir`. Every other argument is the
     field of that name of one group in `settings` (`LoopSettings`, ...), documented there;
     configs/defaults.gin lists them all.
 
@@ -84,6 +86,9 @@ def run_experiment(
     setting_rules.check("run_experiment", {"fast_dev_run": quick})
     if params is not None:
         task = model_garden.with_experiment(task, params)
+    if mode == "predict":
+        settings = Settings.from_flat(**flat)
+        return predicting.predict(task, model_dir, settings, eval_checkpoint, output_dir, quick)
     if quick:
         return _fast_dev_run(task, model_dir, mode, flat, eval_checkpoint)
     settings = Settings.from_flat(**flat)

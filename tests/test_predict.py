@@ -1,0 +1,153 @@
+"""`--mode=predict`: a checkpoint's model over the prediction input, on 1 device and 2 replicas
+with a partial last batch, written in shards; killed with SIGKILL and rerun, every example
+once, equal to an uninterrupted prediction and to the model applied directly."""
+
+import os
+import random
+import signal
+import sys
+import time
+
+import gin
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import orbitask
+from orbitask import DigitsClassification, run_experiment
+from orbitask.trainers.errors import ConfigError
+from orbitask.trainers.state import predictions
+from tests import faults
+
+SETTINGS = dict(global_batch_size=16, progress=False, steps_per_loop=5, train_steps=None)
+
+
+@gin.configurable
+class SlowPredictions(DigitsClassification):
+    """The digits classifier, its prediction step slowed (20 ms) so a kill lands mid-way, and
+    its outputs a dict: the logits and each example's class."""
+
+    def predict_step(self, batch, model):
+        logits = super().predict_step(batch, model)
+        pause = tf.py_function(lambda: time.sleep(0.02) or 0.0, [], tf.float32)
+        with tf.control_dependencies([pause]):
+            return {"logits": tf.identity(logits), "class": tf.argmax(logits, -1)}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A digits model trained 10 steps; its validation inputs and the model's outputs on them,
+    applied directly."""
+    model_dir = tmp_path_factory.mktemp("predict") / "run"
+    run_experiment(DigitsClassification(), str(model_dir), mode="train", train_steps=10,
+                   global_batch_size=16, progress=False, strategy="one_device")  # fmt: skip
+    model = DigitsClassification().build_model()
+    tf.train.Checkpoint(train_model=model).restore(
+        tf.train.latest_checkpoint(str(model_dir))
+    ).expect_partial()
+    inputs = np.concatenate([x for x, _ in DigitsClassification().build_inputs(16, None, False)])
+    return model_dir, inputs, model(inputs, training=False).numpy()
+
+
+@pytest.mark.slow  # two predictions and a training run
+@pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
+def test_predictions_are_the_model_applied_directly(trained, tmp_path, strategy):
+    model_dir, inputs, expected = trained
+    assert len(inputs) % 16, "the last batch must be partial"
+    done = run_experiment(DigitsClassification(), str(model_dir), mode="predict",
+                          strategy=strategy, output_dir=str(tmp_path), **SETTINGS)  # fmt: skip
+    assert done["predict"]["examples"] == len(inputs) and done["predict"]["step"] == 10
+    got = orbitask.read_predictions(str(tmp_path))
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    shards = predictions.shard_names(str(tmp_path / "predictions"))
+    assert len(shards) == -(-len(inputs) // 16 // 5)  # a shard every steps_per_loop steps
+    assert not (model_dir / "predictions").exists()  # --output_dir: the model dir only read
+
+
+def _command(model_dir, gin_file, out, *params):
+    command = [sys.executable, "-m", "orbitask.trainers.commands.train", f"--gin_file={gin_file}",
+               f"--model_dir={model_dir}", "--mode=predict", f"--output_dir={out}"]  # fmt: skip
+    return command + [f"--gin_params=orbitask.run_experiment.{p}" for p in params]
+
+
+@pytest.mark.slow  # the real program, killed and run again
+def test_a_killed_prediction_reruns_to_every_example_once(trained, tmp_path):
+    """SIGKILL to `orbitask --mode=predict` on 2 replicas after a drawn number of shards; the
+    same command again gives what an uninterrupted prediction gives, each example once."""
+    model_dir, inputs, expected = trained
+    gin_file = tmp_path / "slow.gin"
+    gin_file.write_text(
+        "include 'experiments/digits.gin'\nimport tests.test_predict\nTASK = @SlowPredictions()\n"
+    )
+    out = tmp_path / "out"
+    settings = ["cpu_devices = 2", "global_batch_size = 4", "steps_per_loop = 3"]
+    command = _command(model_dir, gin_file, out, *settings)
+    batches = random.Random(0).choice([6, 15, 30])
+    proc, said = faults.kill_after_line(command, random.Random(0), steps=(0,), timeout=240,
+                                        line=f"orbitask: predicted {batches} batches")  # fmt: skip
+    assert proc.returncode == -signal.SIGKILL, said
+    folder = out / "predictions"
+    assert not (folder / "worker-000-done.json").exists(), "the kill came too late"
+    written = predictions.steps_done(str(folder), 1)
+    assert written >= batches
+    with pytest.raises(ConfigError, match="is not complete .* run the same --mode=predict"):
+        orbitask.read_predictions(str(out))
+
+    kept = {n: os.stat(folder / n).st_mtime_ns for n in predictions.shard_names(str(folder))}
+    again = faults.run(command, timeout=240)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"after the {written} batches a run before wrote" in again.stdout
+    assert all(os.stat(folder / n).st_mtime_ns == t for n, t in kept.items())  # not redone
+    got = orbitask.read_predictions(str(out))
+    assert sorted(got) == ["class", "logits"] and len(got["logits"]) == len(inputs)
+    np.testing.assert_allclose(got["logits"], expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(got["class"], expected.argmax(-1))
+
+
+def test_a_folder_of_another_checkpoint_is_refused_in_one_line(tmp_path):
+    facts = {"checkpoint": "ckpt-10", "step": 10, "workers": 1, "global_batch_size": 16}
+    predictions.write_manifest(str(tmp_path), facts, {"a": 0})
+    with pytest.raises(ConfigError, match=r"other settings \(checkpoint 'ckpt-10' -> 'ckpt-20'"):
+        predictions.check_manifest(str(tmp_path), {**facts, "checkpoint": "ckpt-20"})
+
+
+def test_shards_join_in_step_order_and_a_half_written_one_is_dropped(tmp_path):
+    folder = str(tmp_path)
+    predictions.write_manifest(folder, {"workers": 1}, ({"b": 0, "a": 0}, 0))
+    for start, rows in ((0, [0, 1, 2]), (3, [3, 4])):
+        block = np.array(rows)
+        leaves = [block * 10, block, -block]  # a, b (sorted keys), then the tuple's second
+        predictions.write_shard(folder, 0, start, len(rows), leaves)  # a row a step
+    (tmp_path / "worker-000-from-000000005.tmp99.npz").write_bytes(b"cut")
+    predictions.remove_partial(folder, 0)
+    assert predictions.steps_done(folder, 1) == 5
+    predictions.write_done(folder, 0, 5)
+    (first, second) = orbitask.read_predictions(folder)
+    assert list(first) == ["b", "a"]
+    np.testing.assert_array_equal(first["a"], [0, 10, 20, 30, 40])
+    np.testing.assert_array_equal(second, [0, -1, -2, -3, -4])
+    assert os.listdir(folder).count("worker-000-from-000000005.tmp99.npz") == 0
+
+
+@pytest.mark.slow  # the trained fixture
+def test_an_infinite_prediction_input_is_refused_in_one_line(trained, tmp_path):
+    class Forever(DigitsClassification):
+        def build_predict_inputs(self, per_replica_batch_size, input_context=None):
+            return super().build_predict_inputs(per_replica_batch_size, input_context).repeat()
+
+    model_dir, _, _ = trained
+    with pytest.raises(ConfigError, match=r"^Forever.build_predict_inputs returned an infinite"):
+        run_experiment(Forever(), str(model_dir), mode="predict", output_dir=str(tmp_path),
+                       strategy="one_device", **SETTINGS)  # fmt: skip
+
+
+@pytest.mark.slow  # the trained fixture
+def test_fast_dev_run_predicts_one_step_and_writes_nothing(trained, capsys):
+    model_dir, _, _ = trained
+    before = sorted(os.listdir(model_dir))
+    done = run_experiment(DigitsClassification(), str(model_dir), mode="predict",
+                          fast_dev_run=True, strategy="mirrored", **SETTINGS)  # fmt: skip
+    assert done["predict"]["examples"] == 16 and sorted(os.listdir(model_dir)) == before
+    assert "fast_dev_run: one prediction step ran with ckpt-10 (outputs [16, 10])" in (
+        capsys.readouterr().out
+    )
