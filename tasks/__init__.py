@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # what editors and type checkers read; at runtime each name l
     from orbitask.tasks.indexed_input import IndexedInput as IndexedInput
     from orbitask.tasks.model_garden import ModelGardenTask as ModelGardenTask
     from orbitask.tasks.multi_task import MultiTask as MultiTask
+    from orbitask.tasks.step_tensors import with_step_tensors as with_step_tensors
 
 __all__, __getattr__, __dir__ = exports(
     __name__,
@@ -25,6 +26,7 @@ __all__, __getattr__, __dir__ = exports(
         "CallbackContext": "orbitask.tasks.callbacks",
         "CallbackTask": "orbitask.tasks.callback_task",
         "deferred": "orbitask.tasks.callbacks",
+        "with_step_tensors": "orbitask.tasks.step_tensors",
         "DigitsClassification": "orbitask.tasks.examples.digits",
         "DigitsCNN": "orbitask.tasks.examples.digits_cnn",
         "DigitsGAN": "orbitask.tasks.examples.digits_gan",

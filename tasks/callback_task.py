@@ -15,9 +15,10 @@ the seed's 14 positional arguments::
 
 `dev` is the `tf.distribute.Strategy`; `step` a scalar int64 tensor; `loss` the last step's loss
 as a float32 tensor; `lr` the learning-rate variable; `train_model`, `train_loss`, `optimizer`,
-`ckpt`, `manager` the built objects. The per-replica tensors of one step -- `update_gradients`,
-`output`, `batch`, `display_gradients`, `gradients` -- do not exist on the host between device
-loops and are passed as None.
+`ckpt`, `manager` the built objects; `update_gradients`, `output`, `batch`, `display_gradients`,
+`gradients` are the step's, per replica as `dev.run` returns them (`tasks.step_tensors`: the steps
+a seed callback is due at run apart to keep them; a Task's own `train_step` that keeps none
+passes None).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 import tensorflow as tf
 
 from orbitask.tasks import callbacks as callbacks_lib
+from orbitask.tasks import step_tensors
 from orbitask.tasks.base import Task
 from orbitask.tasks.errors import ConfigError
 
@@ -53,23 +55,23 @@ def seed_callback(fn: Callable) -> callbacks_lib.Callback:
         fn(
             ctx.strategy,
             tf.constant(ctx.step, tf.int64),
-            None,
+            ctx.update_gradients,
             None if loss is None else tf.constant(loss, tf.float32),
-            None,
-            None,
+            ctx.outputs,
+            ctx.batch,
             ctx.model,
             ctx.loss_fn,
             ctx.lr,
             ctx.optimizer,
-            None,
-            None,
+            ctx.display_gradients,
+            ctx.gradients,
             ctx.checkpoint,
             ctx.manager,
         )
 
     call.__name__ = getattr(fn, "__name__", "seed_callback")
     call.seed_fn = fn
-    return call
+    return step_tensors.with_step_tensors(call)  # the seed passed the step's tensors
 
 
 class CallbackTask(Task):

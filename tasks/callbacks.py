@@ -50,6 +50,9 @@ class CallbackContext:
       scalars: the train writer's `tasks.scalar_batch.ScalarBatch`, where a deferred
         callback's `batch` keeps scalar points written with the loop outputs; None: none kept.
       checkpoint_path: in `on_checkpoint_saved`, the checkpoint just saved; else None.
+      outputs, batch, gradients, update_gradients, display_gradients: the step's model outputs,
+        batch, all-reduced gradients and `update_pre`'s two results, per replica (one device:
+        tensors), for a callback marked `with_step_tensors` (`tasks.step_tensors`); else None.
     """
 
     step: int
@@ -64,6 +67,11 @@ class CallbackContext:
     summary_writer: Any = None
     scalars: ScalarBatch | None = None
     checkpoint_path: str | None = None
+    outputs: Any = None
+    batch: Any = None
+    gradients: Any = None
+    update_gradients: Any = None
+    display_gradients: Any = None
 
     @property
     def loss(self) -> float | None:

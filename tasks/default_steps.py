@@ -29,7 +29,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from orbitask.tasks import extra_losses, keras_compat
+from orbitask.tasks import extra_losses, keras_compat, step_tensors
 from orbitask.tasks import gradients as gradients_lib
 from orbitask.tasks import replica_logs as replica_logs_lib
 from orbitask.tasks.errors import ConfigError
@@ -221,6 +221,8 @@ class DefaultSteps:
         update, display = self.update_pre(
             gradients, aux["loss"], aux["outputs"], part, model, loss_fn, lr, optimizer
         )
+        step_tensors.keep(outputs=aux["outputs"], batch=batch, gradients=gradients,
+                          update_gradients=update, display_gradients=display)  # fmt: skip
         logs = _update_logs(self.loss, scaled_sum, display, finite, replicas)
         return update, trainable_vars, logs
 

@@ -123,7 +123,7 @@ def log_loss(
             "optimizer": optimizer,
             "ckpt": ckpt,
             "manager": manager,
-            "host_unavailable": (update_gradients, output, batch, display_gradients, gradients),
+            "step_tensors": (update_gradients, output, batch, display_gradients, gradients),
         }
     )
 

@@ -84,7 +84,16 @@ def _check_seed_run(task, tmp_path, replicas):
     assert float(first["lr"].numpy()) == pytest.approx(0.05)
     assert isinstance(first["ckpt"], tf.train.Checkpoint)
     assert isinstance(first["manager"], tf.train.CheckpointManager)
-    assert first["host_unavailable"] == (None, None, None, None, None)
+    # The step's tensors, per replica as the seed's `dev.run` gave them.
+    update_gradients, output, batch, display_gradients, gradients = first["step_tensors"]
+    local = first["dev"].experimental_local_results
+    assert [int(o.shape[0]) for o in local(output)] == [8 // replicas] * replicas
+    assert [int(x.shape[0]) for x in local(batch[0])] == [8 // replicas] * replicas
+    variables = first["train_model"].trainable_variables
+    for grads in (gradients, update_gradients, display_gradients):
+        assert [tuple(local(g)[0].shape) for g in grads] == [tuple(v.shape) for v in variables]
+    for copies in map(local, gradients):  # all-reduced: each replica holds the same sum
+        np.testing.assert_allclose(copies[-1], copies[0])
 
     losses = [call["loss"] for call in every]
     assert all(math.isfinite(loss) for loss in losses)

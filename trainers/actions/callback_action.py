@@ -16,6 +16,7 @@ from typing import Any
 import tensorflow as tf
 
 from orbitask.tasks import callbacks as callbacks_lib
+from orbitask.tasks import step_tensors
 from orbitask.trainers.actions import triggers
 from orbitask.trainers.actions.triggers import Trigger
 
@@ -66,7 +67,9 @@ class CallbackAction:
         self._periodic += self.triggered
         # The rules' triggers by kind: those that end device loops, and the deferred ones.
         self._ending = self._triggers(self._ends_loop)
-        self._deferred = self._triggers(callbacks_lib.is_deferred)
+        self._deferred = self._triggers(
+            lambda fn: callbacks_lib.is_deferred(fn) and not step_tensors.wants_tensors(fn)
+        )
 
     def _triggers(self, kind: Callable) -> list[Trigger]:
         out = [trigger for trigger, fns in self._periodic if any(map(kind, fns))]
@@ -92,7 +95,19 @@ class CallbackAction:
         return out
 
     def _ends_loop(self, fn) -> bool:
-        return self.history is None or not callbacks_lib.is_deferred(fn)
+        deferred = callbacks_lib.is_deferred(fn) and not step_tensors.wants_tensors(fn)
+        return self.history is None or not deferred
+
+    @property
+    def asks_step_tensors(self) -> bool:
+        """Whether any callback is marked `with_step_tensors`."""
+        tables = [fns for _, fns in self._periodic] + list(self.at.values())
+        return any(step_tensors.wants_tensors(fn) for fns in tables for fn in fns)
+
+    def tensors_due(self, step: int) -> bool:
+        """Whether a `with_step_tensors` callback is due after `step` by its step rule (a
+        device loop ends there). Eager host Python."""
+        return any(step_tensors.wants_tensors(fn) for fn in self._due_by_step(step))
 
     def steps_until_due(self, step: int) -> int | None:
         """Steps from `step` to the next step where a loop-ending callback is due.

@@ -104,3 +104,16 @@ def _outside_note(place: str, step: int, save: Callable[[], str] | None) -> str:
     except Exception as failed:  # noqa: BLE001 -- the first error is the one to report
         return f"{note}; saving the trained steps failed too: {one_line(failed, 300)}"
     return f"{note}; the trained steps are saved in checkpoint {path}: the same command resumes."
+
+
+def refuse_hidden_logs(task: Any, log_names: list, metrics: list) -> None:
+    """Refuses, once the loop is traced and before it runs, a step log named as a train metric:
+    the metric's value would replace the step's under that name. A task whose step logs its own
+    metrics' results (`logs_its_metrics`, Model Garden's) is let through. Eager."""
+    hidden = sorted(set(log_names) & {m.name for m in metrics})
+    if hidden and not getattr(task, "logs_its_metrics", False):
+        raise ConfigError(
+            f"{type(task).__name__}'s train step logs {hidden[0]!r}, the name of one of its "
+            "build_metrics() metrics, whose value would replace the step's in every log: "
+            "rename the log or the metric."
+        )

@@ -19,6 +19,7 @@ Hook order, as the Controller drives it::
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import orbit
@@ -26,7 +27,7 @@ import tensorflow as tf
 
 from orbitask.tasks import eval_logs, keras_compat
 from orbitask.trainers.engine.evaluation import TaskEvaluator
-from orbitask.trainers.errors import ConfigError
+from orbitask.trainers.engine.step_errors import refuse_hidden_logs
 from orbitask.trainers.state import random_state
 
 
@@ -89,6 +90,7 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         self._history_keys: list[str] = []
         self._use_tf_while_loop = use_tf_while_loop
         self.mark_loops = False  # set by `trainers.actions.profiling.Profiler` while it traces
+        self.kept = None  # a `kept_step.KeptStep` when a callback asks for a step's tensors
         self._trainable_signature = None
         roots = {"task": self.task, "model": self.model, "loss": self.loss_fn}
         self.replica_draws = random_state.ReplicaDraws(roots, self.strategy)
@@ -122,12 +124,15 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
             self._loop_fn = self.create_train_loop_fn()
             if hasattr(self._loop_fn, "get_concrete_function"):  # traced now, run below
                 self._loop_fn.get_concrete_function(self._iterator, num_steps)
-                _refuse_hidden_logs(self.task, self._loop.log_names, self.train_metrics)
+                refuse_hidden_logs(self.task, self._loop.log_names, self.train_metrics)
+        run = self._loop_fn
+        if self.kept is not None and self.kept.due(self.step_now() + int(num_steps)):
+            run = functools.partial(self.kept.run, self._loop_fn)  # the last step's tensors
         if self.mark_loops:  # while profiling: each loop a "train" step in TensorBoard
             with tf.profiler.experimental.Trace("train", step_num=self.step_now(), _r=1):
-                out = self._loop_fn(self._iterator, num_steps)
+                out = run(self._iterator, num_steps)
         else:
-            out = self._loop_fn(self._iterator, num_steps)
+            out = run(self._iterator, num_steps)
         if fresh:
             keras_compat.refresh_tracking(self.optimizer)
         loop = self._loop
@@ -286,19 +291,6 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         out["learning_rate"] = float(self.lr.numpy() if lr is None else lr)
         self.phase = None  # the device loop is over
         return out
-
-
-def _refuse_hidden_logs(task: Any, log_names: list, metrics: list) -> None:
-    """Refuses, once the loop is traced and before it runs, a step log named as a train metric:
-    the metric's value would replace the step's under that name. A task whose step logs its own
-    metrics' results (`logs_its_metrics`, Model Garden's) is let through. Eager."""
-    hidden = sorted(set(log_names) & {m.name for m in metrics})
-    if hidden and not getattr(task, "logs_its_metrics", False):
-        raise ConfigError(
-            f"{type(task).__name__}'s train step logs {hidden[0]!r}, the name of one of its "
-            "build_metrics() metrics, whose value would replace the step's in every log: "
-            "rename the log or the metric."
-        )
 
 
 class _LoopRecord:

@@ -19,6 +19,7 @@ from orbitask.trainers.actions import summaries
 from orbitask.trainers.distribution import cluster, strategies
 from orbitask.trainers.engine import eval_inputs, inputs
 from orbitask.trainers.engine.determinism import make_deterministic
+from orbitask.trainers.engine.kept_step import KeptStep
 from orbitask.trainers.engine.prefetch import Prefetch
 from orbitask.trainers.engine.ps_trainer import ParameterServerTrainer
 from orbitask.trainers.engine.steps import TaskObjects, TrainStep
@@ -250,11 +251,12 @@ def build_trainer(
     *,
     train_input: Any,
     eval_dataset: Any,
-    record_history: bool,
+    callbacks: Any,
 ) -> TaskTrainer:
     """The step and the trainer (a `ParameterServerTrainer` under parameter_server) over
-    `train_input` (None: no training) and `eval_dataset`; `record_history` keeps each loop's
-    logs for deferred callbacks. Eager."""
+    `train_input` (None: no training) and `eval_dataset`; for the `callbacks` (a
+    `CallbackAction`), it keeps each loop's logs for deferred ones and the due steps' tensors for
+    those marked `with_step_tensors` (`kept_step`). Eager."""
     loop, features = settings.loop, settings.features
     ps = cluster.is_parameter_server(strategy)
     task_objects = TaskObjects(
@@ -272,7 +274,8 @@ def build_trainer(
         jit_compile=loop.jit_compile,
     )
     trainer_cls = ParameterServerTrainer if ps else TaskTrainer
-    return trainer_cls(
+    record_history = callbacks.has_deferred
+    trainer = trainer_cls(
         objects=task_objects,
         step=step,
         train_iterator=train_input.iterator if train_input is not None else None,
@@ -283,3 +286,6 @@ def build_trainer(
         record_history=record_history and not ps,
         metrics_window=loop.metrics_window,
     )
+    if callbacks.asks_step_tensors and not ps:
+        trainer.kept = KeptStep(trainer, callbacks.tensors_due)
+    return trainer

@@ -257,7 +257,7 @@ class ExperimentRunner(ModeRunning):
             self.settings,
             train_input=self.train_input,
             eval_dataset=self.eval_dataset,
-            record_history=self.callbacks.has_deferred,
+            callbacks=self.callbacks,
         )
 
     def _build_loop_length(self) -> LoopLength:

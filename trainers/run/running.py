@@ -191,6 +191,7 @@ class ModeRunning:
 
     def _callback_context(self, step: int, logs: dict, path: str | None = None) -> CallbackContext:
         objects, state = self.objects, self.checkpointing
+        kept = getattr(getattr(self, "trainer", None), "kept", None)  # a step's tensors
         return CallbackContext(
             step=step,
             logs=dict(logs),
@@ -204,6 +205,7 @@ class ModeRunning:
             summary_writer=self.summaries.train.summary_writer(),
             scalars=self.summaries.train.scalars,
             checkpoint_path=path,
+            **(kept.at(step) if kept is not None else {}),
         )
 
     def _keep_train_logs(self, output: dict) -> None:
