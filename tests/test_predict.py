@@ -17,7 +17,7 @@ import orbitask
 from orbitask import DigitsClassification, run_experiment
 from orbitask.trainers.errors import ConfigError
 from orbitask.trainers.state import predictions
-from tests import faults
+from tests import faults, launching
 
 SETTINGS = dict(global_batch_size=16, progress=False, steps_per_loop=5, train_steps=None)
 
@@ -151,3 +151,24 @@ def test_fast_dev_run_predicts_one_step_and_writes_nothing(trained, capsys):
     assert "fast_dev_run: one prediction step ran with ckpt-10 (outputs [16, 10])" in (
         capsys.readouterr().out
     )
+
+
+@pytest.mark.slow  # a 2-worker job under the launcher
+def test_two_workers_predict_every_example_once(trained, tmp_path):
+    """Under `orbitask launch --workers 2`, each worker predicts its shard of the input
+    (`Dataset.shard`: every second example) into its own files; read_predictions gives worker
+    0's examples, then worker 1's."""
+    model_dir, inputs, expected = trained
+    out = tmp_path / "out"
+    flags = ["--gin_file=experiments/digits.gin", f"--model_dir={model_dir}", "--mode=predict",
+             f"--output_dir={out}", "--gin_params=TRAIN_STEPS = 10",
+             "--gin_params=orbitask.run_experiment.global_batch_size = 16",
+             "--gin_params=orbitask.run_experiment.progress = False"]  # fmt: skip
+    status, text = launching.run(["--workers", "2"], flags, tmp_path / "job")
+    assert status == 0, text[-3000:]
+    assert "CollectiveAllReduceStrategy, 2 replicas" in text, text[-3000:]  # 2 workers
+    got = orbitask.read_predictions(str(out))
+    np.testing.assert_allclose(got, np.concatenate([expected[0::2], expected[1::2]]),
+                               rtol=1e-5, atol=1e-6)  # fmt: skip
+    names = predictions.shard_names(str(out / "predictions"))
+    assert {n[:10] for n in names} == {"worker-000", "worker-001"}

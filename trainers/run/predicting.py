@@ -85,8 +85,9 @@ def predict(
         examples = _loop(task, strategy, dataset, run, folder, facts, (worker, done), settings)
     if chief:
         before = f" after the {done} batches a run before wrote" if done else ""
+        mine = " (this worker's share)" if workers > 1 else ""
         messages.say(
-            f"predicted {examples:,} examples{before} with {os.path.basename(path)} (step "
+            f"predicted {examples:,} examples{mine}{before} with {os.path.basename(path)} (step "
             f"{step}) into {folder}; orbitask.read_predictions({output_dir or model_dir!r}) "
             "reads them"
         )
