@@ -197,3 +197,18 @@ def test_damage_table_benchmark_prints_a_row_per_case():
     cells = [cell.strip() for cell in row.split("|")]
     assert cells[1] == "0" and "does not parse" in cells[2]
     assert cells[3:] == ["60", "0 steps", "0", "exact"]
+
+
+@pytest.mark.slow  # six short trainings
+def test_the_gpu_script_runs_dry_on_the_cpu():
+    env = {**os.environ, "PYTHON": sys.executable}
+    proc = subprocess.run(["bash", "benchmarks/gpu.sh", "--dry_run"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert any(line.startswith("Device: CPU: ") for line in lines), proc.stdout[-2000:]
+    rows = [line.split(" | ") for line in lines if line.startswith("| mlp | 1 |")]
+    configs = [(r[2], r[3]) for r in rows]
+    assert configs == [(p, x) for p in ("float32", "mixed_float16", "mixed_bfloat16")
+                       for x in ("off", "on")]  # fmt: skip
+    assert all(float(r[4].replace(",", "")) > 0 for r in rows)
