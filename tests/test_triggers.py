@@ -9,7 +9,6 @@ from orbitask.tasks import deferred
 from orbitask.trainers.actions.callback_action import CallbackAction
 from orbitask.trainers.actions.summaries import LoopSummaryManager
 from orbitask.trainers.actions.triggers import Trigger, steps_until_any
-from orbitask.trainers.engine.loop_length import LoopLength
 
 
 class Clock:
@@ -118,16 +117,12 @@ def test_bad_arguments_name_the_argument_and_the_value(kwargs, match):
         Trigger(**kwargs)
 
 
-def test_steps_until_any_and_the_loop_length_cut_at_the_nearest_due_point():
+def test_steps_until_any_is_the_nearest_due_point():
     triggers = [Trigger(every_steps=100), Trigger(at_steps=[30]), Trigger(every_secs=1.0)]
     assert steps_until_any(triggers, 0) == 30
     assert steps_until_any(triggers, 30) == 70
+    assert steps_until_any(triggers, 90) == 10
     assert steps_until_any([Trigger(every_secs=1.0)], 0) is None
-    lengths = LoopLength(50, loop_seconds=None)
-    assert lengths.steps_from(0, triggers) == 30
-    assert lengths.steps_from(30, triggers) == 50  # the next due point (100) is further
-    assert lengths.steps_from(90, triggers) == 10
-    assert lengths.steps_from(90) == 50
 
 
 class Tables:

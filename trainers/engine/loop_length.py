@@ -10,11 +10,9 @@ Controller cuts a loop at the nearest due point of its schedule's loop-ending en
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from absl import logging
-
-from orbitask.trainers.actions import triggers
 
 GROWTH_LIMIT = 100  # loops grow to at most this many times `steps_per_loop`
 
@@ -60,18 +58,8 @@ class LoopLength:
             return
         self.steps *= 2
 
-    def steps_from(self, step: int, schedules: Iterable[triggers.DuePoints] = ()) -> int:
-        """The length of a device loop that starts at `step`, cut where something is due.
-
-        Eager host Python (a few integer operations), run before every device loop.
-
-        Args:
-          step: the global step the loop starts from.
-          schedules: `Trigger`s, or anything with `steps_until_due(step) -> int | None` (e.g.
-            the `CallbackAction`); the loop ends at the nearest of their step-based due points.
-
-        Returns:
-          `steps`, or fewer steps when a due point comes first (always at least 1).
-        """
-        until = triggers.steps_until_any(schedules, step)
-        return self.steps if until is None or until > self.steps else until
+    def steps_from(self, step: int) -> int:
+        """The length of a device loop that starts at `step`: the current length (the Controller
+        cuts it where an entry of its schedule is due). Eager host Python; returns it."""
+        del step
+        return self.steps

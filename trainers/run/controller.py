@@ -314,22 +314,13 @@ class Controller(orbit.Controller):
             print(f"orbitask: resumed from {path} (step {int(self.global_step.numpy())})")
         return path
 
-    def _due(self, step: int) -> bool:
-        saves = self._saves
-        if saves.step_due(step):
-            return True
-        # Saving is collective: every worker saves when any worker's clock says so.
-        return saves.every_secs is not None and cluster.any_worker(self.strategy, saves.time_due())
-
     def _maybe_save_checkpoint(self, check_interval: bool = True) -> bool:
         if not self._own_rule:
             return super()._maybe_save_checkpoint(check_interval)
         manager = self.checkpoint_manager
         if manager is None:
             return False
-        step = self._step_now()
-        if check_interval and not self._due(step):
-            return False
+        step = self._step_now()  # when to save is the schedule's "checkpoint" entry
         latest = manager.latest_checkpoint  # (an async save shows there once written)
         if step == self._saved_step or (latest and latest.endswith(f"-{step}")):
             return False  # already saved at this step
