@@ -45,8 +45,8 @@ def recording_global_losses() -> Iterator[set]:
     mean: Keras 3 loss objects' mean results (which divide by the replica count under
     tf.distribute) and `tf.nn.compute_average_loss`'s. Yields the set of their `ref()`s. Eager,
     around a run or a trace (nested: the outer recording's set). A log computed from such a
-    value is summed over replicas to give one device's number (`trainers.steps.Finish`), and the
-    default steps turn such a loss back into its replica's share (`is_global_share`).
+    value is summed over replicas to give one device's number (`trainers.engine.steps.Finish`),
+    and the default steps turn such a loss back into its replica's share (`is_global_share`).
     """
     recorded = _recorded()
     if recorded is not None:

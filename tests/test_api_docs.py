@@ -10,6 +10,7 @@ import importlib
 import inspect
 import pkgutil
 import re
+from pathlib import Path
 
 import pytest
 
@@ -72,3 +73,54 @@ def test_public_name_is_documented(package, name):
         if not RETURNS.search(doc):
             problems.append(f"{qualified}: does not say what it returns")
     assert not problems, "\n".join(problems)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+# Dotted names in the package (`orbitask.` optional), and paths of the repository's files.
+DOTTED = re.compile(
+    r"(?<![\w./-])((?:orbitask\.)?(?:tasks|trainers)\.[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)"
+)
+FILE = re.compile(
+    r"(?<![\w./-])((?:tasks|trainers|benchmarks|tests|configs|experiments|docs)/[\w/.-]*"
+    r"\.(?:py|gin|md|sh))"
+)
+PLACEHOLDER = re.compile(r"NAME|/my[._]")  # `experiments/NAME.gin`, `experiments/my.gin`
+
+
+def _resolves(name: str) -> bool:
+    """Whether a dotted name is a module of the package, or an attribute inside one."""
+    parts = name.rstrip(".").removeprefix("orbitask.").split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(["orbitask", *parts[:i]]))
+        except ImportError:
+            continue
+        for attr in parts[i:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+def _texts():
+    folders = ("tasks", "trainers", "orbitask", "benchmarks", "tests")
+    for path in [p for f in folders for p in sorted((ROOT / f).rglob("*.py"))]:
+        yield path, path.read_text(encoding="utf-8")
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        yield path, path.read_text(encoding="utf-8")
+
+
+def test_every_dotted_path_and_file_named_in_docs_and_code_exists():
+    """A module moved or renamed leaves no docstring, comment or page naming its old place."""
+    broken = []
+    for path, text in _texts():
+        where = path.relative_to(ROOT)
+        names = [m for m in DOTTED.findall(text) if not m.endswith(".py")]  # a user's tasks.py
+        broken += [f"{where}: {m}" for m in names if not _resolves(m)]
+        broken += [
+            f"{where}: {m}"
+            for m in FILE.findall(text)
+            if not PLACEHOLDER.search(m) and not (ROOT / m).exists()
+        ]
+    assert not broken, "names of places that do not exist:\n" + "\n".join(sorted(set(broken)))

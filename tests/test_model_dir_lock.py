@@ -1,7 +1,7 @@
-"""One run per model directory (`trainers.model_dir_lock`): a second training run on a directory in
-use is refused with one line naming the holder, a killed run's lock is taken over, an evaluation
-runs beside training, leftovers of killed saves are removed at start; non-chief workers' temp
-folders have unpredictable names."""
+"""One run per model directory (`trainers.state.model_dir_lock`): a second training run on a
+directory in use is refused with one line naming the holder, a killed run's lock is taken over,
+an evaluation runs beside training, leftovers of killed saves are removed at start; non-chief
+workers' temp folders have unpredictable names."""
 
 import os
 import signal

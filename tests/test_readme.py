@@ -5,8 +5,8 @@ Every fenced code block of a document, by its language:
   python  run in document order, each in a fresh namespace, in one process per document. A block
           whose first line is `# NAME.py` is instead written to that file (and imported), so the
           blocks and commands after it can use it.
-  gin     parsed by the binary's parser (trainers.train.parse_gin); a block whose first line is
-          `# NAME.gin` is also written to that file.
+  gin     parsed by the binary's parser (trainers.commands.train.parse_gin); a block whose first
+          line is `# NAME.gin` is also written to that file.
   bash    run with `bash -e`, in document order, with `orbitask` on PATH.
   text    (or no language) output samples, pseudo-code and trees: not code.
 

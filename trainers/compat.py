@@ -7,8 +7,9 @@ tasks layer does not import this one). The other places that reach private API, 
 - `trainers/run/controller.py`: `Controller` subclasses `orbit.Controller` and overrides its
   `_train_n_steps` (one device loop and its schedule, without Orbit's step reads and log line) and
   `_maybe_save_checkpoint` (a save unless the step is saved already; when is the schedule's
-  "checkpoint" entry; Orbit's public `save_checkpoint` calls it), and calls Orbit's `_require` and `_sync_on_async_checkpointing` as Orbit's own
-  `train` does. Overrides must keep Orbit's names to be called by Orbit's code.
+  "checkpoint" entry; Orbit's public `save_checkpoint` calls it), and calls Orbit's `_require`
+  and `_sync_on_async_checkpointing` as Orbit's own `train` does. Overrides must keep Orbit's
+  names to be called by Orbit's code.
 - `trainers/state/checkpoints.py`, `trainers/state/checkpoint_restore.py`: a
   `tf.train.CheckpointManager`'s `_max_to_keep`, `_maybe_delete` and `_latest_checkpoint`
   (which checkpoints it keeps, set from the files when its state file is damaged or a corrupt

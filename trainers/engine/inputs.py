@@ -110,7 +110,7 @@ def train_input(
     by_epochs: bool = False,
     prefetch: Prefetch = DEFAULT_PREFETCH,
 ) -> TrainInput:
-    """This worker's training input and its position (`trainers.input_position`), its final
+    """This worker's training input and its position (`trainers.state.input_position`), its final
     autotuned prefetch bounded by `prefetch`. Eager, in scope.
 
     With `by_epochs` (`train_steps` None) its `epoch_length` is set, and a finite `tf.data`

@@ -259,10 +259,10 @@ class TrainStep:
     Args:
       objects: the task's built objects.
       accumulation: batches per optimizer update (K).
-      schedule: a `trainers.learning_rate.LearningRate` whose schedule sets the rate at every
-        step, or None.
+      schedule: a `trainers.features.learning_rate.LearningRate` whose schedule sets the rate at
+        every step, or None.
       nan_guard: a built `trainers.NanGuard`, or None (the seed's behaviour).
-      loss_scale: a `trainers.precision.DynamicLossScale` (float16), or None.
+      loss_scale: a `trainers.features.precision.DynamicLossScale` (float16), or None.
       ema: a built `trainers.ExponentialMovingAverage`, or None.
       jit_compile: compile the per-replica step with XLA (not a guarded step).
     """

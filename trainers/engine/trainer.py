@@ -14,7 +14,7 @@ Hook order, as the Controller drives it::
       return train_loop_end(last logs, metric results, lr, step)   # read in one go
     # then the Controller's actions: host callbacks (every_steps / at_step), progress, checkpoint
 
-    evaluate(num_steps or -1): see `trainers.evaluation.TaskEvaluator`
+    evaluate(num_steps or -1): see `trainers.engine.evaluation.TaskEvaluator`
 """
 
 from __future__ import annotations

@@ -194,7 +194,7 @@ def _check_metric(logs: dict, metric: str) -> float:
     """Returns the value of `metric` in `logs`; raises ConfigError when it is not there.
 
     Nested keys are joined with "|"; a validation set's log is `<set>/<key>` (its logs are the
-    entry `{set: logs}` of the evaluation's, `trainers.evaluation`)."""
+    entry `{set: logs}` of the evaluation's, `trainers.engine.evaluation`)."""
     node: Any = logs
     for key in metric.split("|"):
         node = _entry(node, key)

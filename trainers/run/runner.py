@@ -154,7 +154,7 @@ class ExperimentRunner(ModeRunning):
                 self.task, self.strategy, self.eval_dataset, self.objects
             )
         self.trainer = self._build_trainer()
-        if self.training:  # a restore may rebuild the input (`trainers.input_position`)
+        if self.training:  # a restore may rebuild the input (`trainers.state.input_position`)
             self.train_input.on_new_iterator = self.trainer.set_train_iterator
         self.loop_length = self._build_loop_length()
         self.progress = self._build_progress()

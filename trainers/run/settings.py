@@ -166,10 +166,10 @@ class FeatureSettings:
       ema: an `orbitask.ExponentialMovingAverage`: evaluate and export the averaged weights.
       histogram_interval: write histograms of the trainable variables every this many steps.
       profile_steps: `(N, M)`: trace steps N..M into TensorBoard's profile format under
-        `train/plugins/profile/` (`trainers.profiling`); None: no profile.
+        `train/plugins/profile/` (`trainers.actions.profiling`); None: no profile.
       export_at_end: when training ends (at `train_steps` or an early stop), write the model
-        as a SavedModel under `model_dir/export/<step>/` (`trainers.saved_model`), with the EMA
-        averages when `ema` is set.
+        as a SavedModel under `model_dir/export/<step>/` (`trainers.state.saved_model`), with the
+        EMA averages when `ema` is set.
       loggers: where the run's scalars go (`trainers.state.loggers`): 'tensorboard' (always),
         'jsonl', 'csv', 'mlflow', 'wandb', or `orbitask.Logger` instances of your own.
     """

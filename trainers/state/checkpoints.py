@@ -197,9 +197,9 @@ def build(
         setattr(checkpoint, name, value)
     if asynchronous:
         compat.enable_async_writes(checkpoint)
-    # Re-made without an interval: `trainers.Controller` decides when to save (at multiples of
-    # the interval), and a manager with an interval silently refuses a second save at the same
-    # step (needed after an evaluation changed checkpointed state, or on SIGTERM).
+    # Re-made without an interval: `trainers.run.controller.Controller` decides when to save (its
+    # schedule's "checkpoint" entry), and a manager with an interval silently refuses a second
+    # save at the same step (needed after an evaluation changed checkpointed state, or SIGTERM).
     kept = compat.manager_settings(manager)
     del kept["step_counter"]
     if max_to_keep is not None:

@@ -53,7 +53,7 @@ class EpochLength:
     """One epoch of this worker's training input, in steps (`run_experiment.train_epochs`).
 
     Attributes:
-      steps: steps per epoch: whole where each epoch ends with a step (`trainers.inputs`), a
+      steps: steps per epoch: whole where each epoch ends with a step (`trainers.engine.inputs`), a
         fraction where steps run on across epochs (an `IndexedInput`, a dataset of full
         batches on several replica slots).
       round_up: N epochs are `ceil(N * steps)` steps (an `IndexedInput`: every example of the
