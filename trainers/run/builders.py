@@ -6,9 +6,11 @@ docstring says so). Objects built together come back as one small frozen record.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import orbit
@@ -50,8 +52,9 @@ class RunObjects:
       optimizer: the task's optimizer (or dict of optimizers).
       train_metrics: the training metrics; empty when the run does not train.
       eval_metrics: the validation metrics; empty when the run does not evaluate.
-      nan_guard: the NaN guard of a training run, else None.
+      nan_guard: the NaN guard of a training run (built), else None.
       loss_scale: the dynamic loss scale of a mixed_float16 training run, else None.
+      ema: the run's weight averaging (built with the checkpoint), else None.
     """
 
     model: Any
@@ -63,6 +66,7 @@ class RunObjects:
     eval_metrics: list
     nan_guard: Any
     loss_scale: DynamicLossScale | None
+    ema: Any = None
 
     @property
     def lr(self) -> tf.Variable:
@@ -112,18 +116,19 @@ def build_objects(task: Any, settings: Settings, training: bool, evaluating: boo
         if drawing and training and cluster.is_chief(tf.distribute.get_strategy()):
             messages.layer_draws(drawing)
     preflight.check_model(task, model)
-    if task.keras_flavour is None:
-        task.keras_flavour = keras_compat.model_flavour(model) or keras_compat.KERAS3
+    flavour = task.keras_flavour or keras_compat.model_flavour(model) or keras_compat.KERAS3
     needed = preflight.needs_losses(task, training, evaluating)
     loss_fn = task.build_losses() if needed else None
     global_step = orbit.utils.create_global_step()
     lr_control = LearningRate.create(loop.learning_rate)
-    optimizer = task.build_optimizer(float(lr_control.lr.numpy()))
+    with _flavour(task, flavour):  # the built model's, for build_optimizer
+        optimizer = task.build_optimizer(float(lr_control.lr.numpy()))
     lr_control.reconcile(optimizer, loop.learning_rate)
     keras_compat.check_matching(model, optimizer)
     train_metrics = task.build_metrics(training=True) if training else []
     eval_metrics = task.build_metrics(training=False) if evaluating else []
-    nan_guard = features.nan_guard if training else None
+    # The run's own copies: the settings' objects stay as given, reusable by another run.
+    nan_guard = copy.copy(features.nan_guard) if training else None
     if nan_guard is not None:
         check_nan_guard_step(task)
         nan_guard.build()
@@ -138,7 +143,20 @@ def build_objects(task: Any, settings: Settings, training: bool, evaluating: boo
         eval_metrics=eval_metrics,
         nan_guard=nan_guard,
         loss_scale=DynamicLossScale() if float16 else None,
+        ema=copy.copy(features.ema),
     )
+
+
+@contextlib.contextmanager
+def _flavour(task: Any, flavour: str) -> Iterator[None]:
+    """While open, `task.keras_flavour` is `flavour`; then what it was (a Task's own setting).
+    Eager."""
+    given = task.keras_flavour
+    task.keras_flavour = flavour
+    try:
+        yield
+    finally:
+        task.keras_flavour = given
 
 
 def build_train_input(
@@ -257,7 +275,7 @@ def build_trainer(
     `train_input` (None: no training) and `eval_dataset`; for the `callbacks` (a
     `CallbackAction`), it keeps each loop's logs for deferred ones and the due steps' tensors for
     those marked `with_step_tensors` (`kept_step`). Eager."""
-    loop, features = settings.loop, settings.features
+    loop = settings.loop
     ps = cluster.is_parameter_server(strategy)
     task_objects = TaskObjects(
         task, strategy, objects.model, objects.optimizer, objects.loss_fn, objects.lr,
@@ -270,7 +288,7 @@ def build_trainer(
         schedule=objects.lr_control if objects.lr_control.schedule else None,
         nan_guard=objects.nan_guard,
         loss_scale=objects.loss_scale,
-        ema=features.ema,
+        ema=objects.ema,
         jit_compile=loop.jit_compile,
     )
     trainer_cls = ParameterServerTrainer if ps else TaskTrainer
@@ -282,7 +300,7 @@ def build_trainer(
         eval_dataset=eval_dataset,
         use_tf_while_loop=loop.use_tf_while_loop and not loop.run_eagerly,  # no graph at all
         nan_guard=objects.nan_guard,
-        ema=features.ema,
+        ema=objects.ema,
         record_history=record_history and not ps,
         metrics_window=loop.metrics_window,
     )

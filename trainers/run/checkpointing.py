@@ -35,7 +35,7 @@ def checkpointed_state(
     random state and the train metrics. Eager, in the strategy's scope; returns
     `{name: trackable}`."""
     state = {"learning_rate_factor": objects.lr_control.factor}
-    ema = settings.features.ema
+    ema = objects.ema
     if ema is not None:
         state["ema"] = ema.build(objects.model)
     if objects.loss_scale is not None:

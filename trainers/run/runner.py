@@ -1,16 +1,14 @@
 """`ExperimentRunner`: builds a Task's objects on a strategy and runs an Orbit controller.
 
-The run is built by small steps, in the order `build` calls them (its docstring lists them); each
-is a method a subclass may override, as in Model Garden's `OrbitExperimentRunner`. A step
-returns what it builds and `build` assigns it; objects built together come back as one small
-record. The steps' work is in `builders` (the run's objects), `checkpointing` (the checkpoint)
-and `run_actions` (the train and eval actions). Running the mode and finishing it is
-`running.ModeRunning`, a base class of `ExperimentRunner` whose methods subclasses may override
-too; what the run prints is `messages`.
+The run is built by steps in the order `build` lists, each a method a subclass may override (as
+in Model Garden's `OrbitExperimentRunner`) returning what it builds, whole. Their work is in
+`builders`, `checkpointing` and `run_actions`; running the mode is `running.ModeRunning`, a base
+class; what the run prints is `messages`.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
 from typing import Any
@@ -308,7 +306,7 @@ class ExperimentRunner(ModeRunning):
                 state.manager,
                 self.objects.lr_control,
                 self.objects.global_step,
-                ema=self.settings.features.ema,
+                ema=self.objects.ema,
                 strategy=self.strategy,
                 trainer=self.trainer,
                 train_steps=self.train_steps if self.training else None,
@@ -343,7 +341,10 @@ class ExperimentRunner(ModeRunning):
         )
 
     def _validation_control(self) -> Any:
-        """The validation control of a run that evaluates as it goes (not saved checkpoints one
-        by one), else None."""
+        """The run's own copy of the validation control (the settings' stays as given) of a run
+        that evaluates as it goes (not saved checkpoints one by one), else None."""
         control = self.settings.evaluation.validation_control
-        return control if self.evaluating and not self.evaluates_saved else None
+        if control is None or not self.evaluating or self.evaluates_saved:
+            return None
+        self._control = getattr(self, "_control", None) or copy.copy(control)
+        return self._control

@@ -222,7 +222,7 @@ class ModeRunning:
 
     def _run_mode(self) -> dict:
         eval_settings, global_step = self.settings.evaluation, self.objects.global_step
-        control = eval_settings.validation_control
+        control = self._validation_control()  # the run's own, built copy
         if self.progress:
             self.progress.start()
         if self.profiler:
@@ -292,7 +292,7 @@ class ModeRunning:
         manager = self.checkpointing.manager
         root = getattr(manager, "temp_directory", self.model_dir)  # a non-chief: its own
         path = export_model(
-            self.task, self.objects.model, self.settings, self.strategy, root, self._step_now()
+            self.task, self.objects, self.settings, self.strategy, root, self._step_now()
         )
         if self.chief:
             self.results["export"] = path
@@ -340,11 +340,11 @@ def run_controller(
 
 
 def export_model(
-    task: Any, model: Any, settings: Settings, strategy: Any, root: str, step: int
+    task: Any, objects: Any, settings: Settings, strategy: Any, root: str, step: int
 ) -> str:
-    """Writes the trained `model` (its EMA averages if set) as a SavedModel under
+    """Writes the trained model of `objects` (its EMA averages if set) as a SavedModel under
     `root/export` at `step`. Eager; returns its folder."""
-    ema = settings.features.ema
+    ema, model = objects.ema, objects.model
     batch = settings.loop.global_batch_size // strategy.num_replicas_in_sync
     with ema.averaged() if ema else contextlib.nullcontext():
         return saved_model.write(task, model, os.path.join(root, "export"), step, batch)
