@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from orbitask.trainers import ValidationControl, run_experiment
 from orbitask.trainers.commands import cli, export, train
-from orbitask.trainers.state import saved_model
+from orbitask.trainers.run import saved_model
 from tests.helpers import TinyTask
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -10,7 +10,7 @@ directory's `operative_config.gin` (written when training starts), else `--gin_f
 `--gin_params` as for `orbitask train`. No code is imported from the model directory: the
 modules a gin `import` line names come from installed packages or the working directory (unless
 it is inside the model directory), as in training. The SavedModel's layout and signature are
-`trainers.state.saved_model`'s: one `serving_default` signature over the model's inputs,
+`trainers.run.saved_model`'s: one `serving_default` signature over the model's inputs,
 loadable with `tf.saved_model.load` and no orbitask; a dict of models gives one SavedModel per
 model. A mistake (no checkpoint, no gin config, no best or EMA weights) is one line on stderr,
 exit 2; a full disk is one line, exit 4, and leaves no part of the export; a folder it cannot write
@@ -116,61 +116,6 @@ def gin_files(model_dir: str, given: list[str]) -> list[str]:
     return [os.path.join(config_root(), "configs", "defaults.gin"), operative]
 
 
-def restored_model(
-    task: Any, path: str, ema: bool, mixed_precision: str | None, per_replica_batch_size: int
-) -> tuple:
-    """Builds the task's model and restores the checkpoint `path` into it. Eager.
-
-    Args:
-      task: the run's `orbitask.Task`.
-      path: a checkpoint of the run (`ckpt-N`, or `best/best_ckpt-N`).
-      ema: put the checkpoint's EMA averages into the trainable weights.
-      mixed_precision: the run's `mixed_precision` policy, set while the model is built.
-      per_replica_batch_size: the batch size of validation data that builds the weights of a
-        model without `Input` layers.
-
-    Returns:
-      `(model, global step of the checkpoint)`.
-
-    Raises:
-      ConfigError: when the checkpoint does not fit the model or holds no EMA averages.
-    """
-    import tensorflow as tf
-
-    from orbitask.tasks.errors import one_line
-    from orbitask.trainers.errors import ConfigError
-    from orbitask.trainers.features.ema import ExponentialMovingAverage
-    from orbitask.trainers.features.precision import precision_policy
-    from orbitask.trainers.state import saved_model
-
-    with precision_policy(mixed_precision):
-        model = task.build_model()
-    saved_model.build_weights(task, model, per_replica_batch_size)
-    step = tf.Variable(0, dtype=tf.int64)
-    objects = {"step": step, "train_model": model}
-    averages = ExponentialMovingAverage() if ema else None
-    if averages is not None:
-        if not any(name.startswith("ema/") for name, _ in tf.train.list_variables(path)):
-            raise ConfigError(
-                f"--ema: checkpoint {path} holds no EMA averages; train with "
-                "orbitask.run_experiment.ema = @orbitask.ExponentialMovingAverage(), or drop "
-                "--ema."
-            )
-        objects["ema"] = averages.build(model)
-    try:
-        status = tf.train.Checkpoint(**objects).restore(path).expect_partial()
-        status.assert_existing_objects_matched()
-    except (AssertionError, ValueError, tf.errors.InvalidArgumentError) as e:
-        raise ConfigError(
-            f"checkpoint {path} does not fit the model {type(task).__name__} builds "
-            f"({one_line(e, 200)}); pass the gin files the run was trained with."
-        ) from e
-    if averages is not None:
-        for variable, shadow in zip(averages.variables, averages.shadows, strict=True):
-            variable.assign(shadow)
-    return model, int(step.numpy())
-
-
 def export(
     task: Any, model_dir: str, path: str, ema: bool = False, output_dir: str | None = None
 ) -> str:
@@ -183,12 +128,13 @@ def export(
       The path of the step's folder.
 
     Raises:
-      ConfigError: as `restored_model` and `saved_model.write`.
+      ConfigError: as `saved_model.restored_model` and `saved_model.write`.
     """
-    from orbitask.trainers.state import saved_model
+    from orbitask.trainers.run import saved_model
 
     batch = _bound("global_batch_size", 64)
-    model, step = restored_model(task, path, ema, _bound("mixed_precision", None), batch)
+    precision = _bound("mixed_precision", None)
+    model, step = saved_model.restored_model(task, path, ema, precision, batch)
     root = output_dir or os.path.join(model_dir, "export")
     return saved_model.write(task, model, root, step, batch)
 

@@ -43,9 +43,9 @@ class Trained:
 def train(replicas: int, steps: int, folder: str) -> Trained:
     """Trains the gin-bound experiment `steps` steps on `replicas` replicas into `folder`.
     Eager; returns its weights and losses."""
-    from orbitask.trainers.commands.export import restored_model
     from orbitask.trainers.commands.train import build_task
     from orbitask.trainers.run.experiment import run_experiment
+    from orbitask.trainers.run.saved_model import restored_model
     from orbitask.trainers.state import metrics_file
 
     one = replicas == 1

@@ -10,13 +10,12 @@ import keras
 import tensorflow as tf
 
 from orbitask.trainers import compat
-from orbitask.trainers.distribution import cluster
 from orbitask.trainers.engine import evaluation
 from orbitask.trainers.errors import ConfigError
 from orbitask.trainers.run import messages
 from orbitask.trainers.run.builders import RunObjects
 from orbitask.trainers.run.settings import Settings
-from orbitask.trainers.state import checkpoints, random_state, settings_record
+from orbitask.trainers.state import checkpoints, random_state, settings_record, worker_checkpoints
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +102,7 @@ def build_checkpointing(
         asynchronous=asynchronous,
         max_to_keep=max_to_keep,
     )
-    return Checkpointing(checkpoint, cluster.for_this_worker(manager, strategy))
+    return Checkpointing(checkpoint, worker_checkpoints.for_this_worker(manager, strategy))
 
 
 def check_eval_checkpoint(eval_checkpoint: str | None, mode: str) -> None:

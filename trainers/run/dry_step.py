@@ -19,8 +19,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from orbitask.trainers.run.saved_model import zeros
 from orbitask.trainers.state import random_state
-from orbitask.trainers.state.saved_model import zeros
 
 
 class _NoUpdate:

@@ -43,7 +43,7 @@ def predict(
         input, outputs without a leading example dimension, or a folder that holds a prediction
         made with other settings.
     """
-    from orbitask.trainers.commands.export import restored_model
+    from orbitask.trainers.run.saved_model import restored_model
 
     strategy = builders.build_strategy(settings)
     if cluster.is_parameter_server(strategy):

@@ -19,8 +19,8 @@ from orbitask.trainers.engine import evaluation, inputs, user_code
 from orbitask.trainers.errors import ConfigError
 from orbitask.trainers.run import batch_checks, dry_step
 from orbitask.trainers.run.batch_checks import describe
+from orbitask.trainers.run.saved_model import zeros
 from orbitask.trainers.state.input_position import IteratorInput
-from orbitask.trainers.state.saved_model import zeros
 
 
 @dataclasses.dataclass(frozen=True)

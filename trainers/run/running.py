@@ -21,16 +21,10 @@ from orbitask.tasks.errors import one_line
 from orbitask.trainers.actions import summaries
 from orbitask.trainers.engine import evaluation, step_errors, user_code
 from orbitask.trainers.errors import EarlyStop
-from orbitask.trainers.run import checkpointing, messages
+from orbitask.trainers.run import checkpointing, messages, saved_model
 from orbitask.trainers.run.controller import Controller
 from orbitask.trainers.run.settings import EvalSettings, Settings
-from orbitask.trainers.state import (
-    checkpoint_restore,
-    full_disk,
-    run_facts,
-    saved_model,
-    settings_record,
-)
+from orbitask.trainers.state import checkpoint_restore, full_disk, run_facts, settings_record
 
 
 class ModeRunning:

@@ -168,7 +168,7 @@ class FeatureSettings:
       profile_steps: `(N, M)`: trace steps N..M into TensorBoard's profile format under
         `train/plugins/profile/` (`trainers.actions.profiling`); None: no profile.
       export_at_end: when training ends (at `train_steps` or an early stop), write the model
-        as a SavedModel under `model_dir/export/<step>/` (`trainers.state.saved_model`), with the
+        as a SavedModel under `model_dir/export/<step>/` (`trainers.run.saved_model`), with the
         EMA averages when `ema` is set.
       loggers: where the run's scalars go (`trainers.state.loggers`): 'tensorboard' (always),
         'jsonl', 'csv', 'mlflow', 'wandb', or `orbitask.Logger` instances of your own.

@@ -57,6 +57,10 @@ def restore_newest_readable(
     strict = getattr(position, "strict_reads", contextlib.nullcontext)
     position_only = []
     for path in paths:
+        newer = _rotated_away(path, manager.directory, paths)
+        if newer is not None:  # a training run beside this one deleted it and saved `newer`
+            paths.insert(paths.index(path) + 1, newer)
+            continue
         reason = unreadable_reason(path)
         if reason is None:
             try:
@@ -84,6 +88,15 @@ def restore_newest_readable(
             "move that directory away (or use a new --model_dir) to start afresh."
         )
     return None
+
+
+def _rotated_away(path: str, directory: str, tried: list[str]) -> str | None:
+    """The newest checkpoint of `directory` when `path`'s files are gone and it is one not in
+    `tried` (a training run's rotation deleted `path` after it was listed), else None."""
+    if tf.io.gfile.exists(f"{path}.index") or len(tried) > 1000:
+        return None
+    newest = tf.train.latest_checkpoint(directory)
+    return newest if newest and newest not in tried else None
 
 
 def _go_on_from(manager: tf.train.CheckpointManager, path: str, paths: list[str]) -> None:

@@ -1,4 +1,5 @@
-"""Writing a Task's trained model as a SavedModel that plain TensorFlow loads and serves.
+"""A Task's model: restored from a checkpoint (`restored_model`: export, predict, verify), and
+written as a SavedModel that plain TensorFlow loads and serves.
 
 Layout, under an `export/` folder: `export/<step>/` holds one SavedModel; a task whose
 `build_model` returns a dict of models gets one SavedModel per model, `export/<step>/<name>/`.
@@ -232,3 +233,53 @@ def _save(model: Any, specs: Any, directory: str) -> None:
     module.model = model  # tracks the weights the signature reads
     module.serve = serve
     tf.saved_model.save(module, directory, signatures={"serving_default": serve})
+
+
+def restored_model(
+    task: Any, path: str, ema: bool, mixed_precision: str | None, per_replica_batch_size: int
+) -> tuple:
+    """Builds the task's model and restores the checkpoint `path` into it. Eager.
+
+    Args:
+      task: the run's `orbitask.Task`.
+      path: a checkpoint of the run (`ckpt-N`, or `best/best_ckpt-N`).
+      ema: put the checkpoint's EMA averages into the trainable weights.
+      mixed_precision: the run's `mixed_precision` policy, set while the model is built.
+      per_replica_batch_size: the batch size of validation data that builds the weights of a
+        model without `Input` layers.
+
+    Returns:
+      `(model, global step of the checkpoint)`.
+
+    Raises:
+      ConfigError: when the checkpoint does not fit the model or holds no EMA averages.
+    """
+    from orbitask.trainers.features.ema import ExponentialMovingAverage
+    from orbitask.trainers.features.precision import precision_policy
+
+    with precision_policy(mixed_precision):
+        model = task.build_model()
+    build_weights(task, model, per_replica_batch_size)
+    step = tf.Variable(0, dtype=tf.int64)
+    objects = {"step": step, "train_model": model}
+    averages = ExponentialMovingAverage() if ema else None
+    if averages is not None:
+        if not any(name.startswith("ema/") for name, _ in tf.train.list_variables(path)):
+            raise ConfigError(
+                f"--ema: checkpoint {path} holds no EMA averages; train with "
+                "orbitask.run_experiment.ema = @orbitask.ExponentialMovingAverage(), or drop "
+                "--ema."
+            )
+        objects["ema"] = averages.build(model)
+    try:
+        status = tf.train.Checkpoint(**objects).restore(path).expect_partial()
+        status.assert_existing_objects_matched()
+    except (AssertionError, ValueError, tf.errors.InvalidArgumentError) as e:
+        raise ConfigError(
+            f"checkpoint {path} does not fit the model {type(task).__name__} builds "
+            f"({one_line(e, 200)}); pass the gin files the run was trained with."
+        ) from e
+    if averages is not None:
+        for variable, shadow in zip(averages.variables, averages.shadows, strict=True):
+            variable.assign(shadow)
+    return model, int(step.numpy())
