@@ -183,14 +183,12 @@ class DefaultSteps:
         are summed before the all-reduce (gradient accumulation: one update per K batches, equal
         to one batch K times larger); `global_batch_size` is then the examples of all K.
 
-        With `loss_scale` (mixed_float16), the loss is scaled up before differentiation and the
-        gradients scaled back. With `loss_scale` or `check_finite`, logs carry
-        `nonfinite_gradients` (1.0 when an entry is NaN or +-Inf), checked on the all-reduced
-        gradient before `update_pre`.
+        With `loss_scale` (mixed_float16) the loss is scaled up before differentiation and the
+        gradients back; with it or `check_finite`, logs carry `nonfinite_gradients` (1.0 for a
+        NaN or +-Inf entry of the all-reduced gradient, before `update_pre`).
 
-        Returns `(update_gradients, trainable_vars, logs)`. The trainer's NaN guard calls this
-        with `check_finite=True` and applies the update only when every replica's loss and the
-        all-reduced gradient are finite.
+        Returns `(update_gradients, trainable_vars, logs)` (the NaN guard's `check_finite`: the
+        update applies only when all is finite); keeps the step's tensors (`step_tensors.keep`).
         """
         context = tf.distribute.get_replica_context()
         replicas = context.num_replicas_in_sync

@@ -39,18 +39,12 @@ def predict(
     Returns `{"predict": {"checkpoint", "step", "examples", "folder"}}` (`fast`: no folder).
 
     Raises:
-      ConfigError: no checkpoint, a checkpoint that does not fit the model, an infinite
-        input, outputs without a leading example dimension, or a folder that holds a prediction
-        made with other settings.
+      ConfigError: no checkpoint or one that does not fit, an infinite input, outputs without a
+        leading example dimension, a folder holding a prediction made with other settings.
     """
     from orbitask.trainers.run.saved_model import restored_model
 
-    strategy = builders.build_strategy(settings)
-    if cluster.is_parameter_server(strategy):
-        raise ConfigError(
-            "--mode=predict does not run under strategy='parameter_server'; use 'mirrored' or "
-            "'multi_worker_mirrored' (the same checkpoint restores there)."
-        )
+    strategy = _strategy(settings)
     chief = cluster.is_chief(strategy)
     if chief:
         messages.say(cluster.describe(strategy))
@@ -63,8 +57,9 @@ def predict(
         )
     worker, workers = _worker()
     folder = os.path.join(output_dir or model_dir, predictions.FOLDER)
-    facts = {"checkpoint": os.path.basename(path), "step": step, "workers": workers,
-             "global_batch_size": batch}  # fmt: skip
+    facts = dict(
+        checkpoint=os.path.basename(path), step=step, workers=workers, global_batch_size=batch
+    )
     done = 0
     if not fast:
         os.makedirs(folder, exist_ok=True)
@@ -75,13 +70,8 @@ def predict(
     run = _step(task, strategy, model)
     with user_code.eagerly(settings.loop.run_eagerly):
         if fast:
-            outputs = _outputs(task, strategy, run(next(iter(dataset))))
-            shapes = ", ".join(str(list(x.shape)) for x in tf.nest.flatten(outputs))
-            messages.say(
-                f"fast_dev_run: one prediction step ran with {os.path.basename(path)} (outputs "
-                f"{shapes}); nothing was written to {model_dir}"
-            )
-            return {"predict": {"checkpoint": path, "step": step, "examples": len(_first(outputs))}}
+            examples = _one_step(task, strategy, dataset, run, path, model_dir)
+            return {"predict": {"checkpoint": path, "step": step, "examples": examples}}
         examples = _loop(task, strategy, dataset, run, folder, facts, (worker, done), settings)
     if chief:
         before = f" after the {done} batches a run before wrote" if done else ""
@@ -92,6 +82,29 @@ def predict(
             "reads them"
         )
     return {"predict": {"checkpoint": path, "step": step, "examples": examples, "folder": folder}}
+
+
+def _strategy(settings: Settings) -> tf.distribute.Strategy:
+    """The run's strategy; parameter servers refused in one line. Eager."""
+    strategy = builders.build_strategy(settings)
+    if cluster.is_parameter_server(strategy):
+        raise ConfigError(
+            "--mode=predict does not run under strategy='parameter_server'; use 'mirrored' or "
+            "'multi_worker_mirrored' (the same checkpoint restores there)."
+        )
+    return strategy
+
+
+def _one_step(task, strategy, dataset, run, path: str, model_dir: str) -> int:
+    """`fast_dev_run`: one prediction step, said in one line, nothing written; returns its
+    examples. Eager."""
+    outputs = _outputs(task, strategy, run(next(iter(dataset))))
+    shapes = ", ".join(str(list(x.shape)) for x in tf.nest.flatten(outputs))
+    messages.say(
+        f"fast_dev_run: one prediction step ran with {os.path.basename(path)} (outputs "
+        f"{shapes}); nothing was written to {model_dir}"
+    )
+    return len(_first(outputs))
 
 
 def _loop(task, strategy, dataset, run, folder, facts, place, settings) -> int:
