@@ -153,9 +153,9 @@ class WandbLogger(Logger):
 
 
 class TensorBoardHParams(Logger):
-    """The HParams plugin's data: the settings as a session's hparams, in an events file of
+    """The HParams plugin's data: the settings as the run's hparams, in an events file of
     `<model_dir>` itself. The plugin takes the last value of each scalar under `train/` and
-    `eval/` as that session's metrics (the final evaluation's, for eval ones). It shows a run's
+    `eval/` as the run's metrics (the final evaluation's, for eval ones). It shows a run's
     first hparams only, so each start replaces the file: a resumed run shows its own settings
     (each start's are kept in `operative_config-<step>.gin`)."""
 
