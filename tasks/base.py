@@ -14,11 +14,12 @@ from typing import Any
 import gin
 import tensorflow as tf
 
+from orbitask.common import keras_compat, setting_rules
+from orbitask.common.errors import ConfigError, MissingBuilder
 from orbitask.tasks import callbacks as callbacks_lib
-from orbitask.tasks import eval_logs, extra_losses, keras_compat, setting_rules
+from orbitask.tasks import eval_logs, extra_losses
 from orbitask.tasks import gradients as gradients_lib
 from orbitask.tasks.default_steps import DefaultSteps
-from orbitask.tasks.errors import ConfigError, MissingBuilder
 
 
 @gin.configurable("Task", module="orbitask")

@@ -29,10 +29,10 @@ from typing import Any
 
 import tensorflow as tf
 
+from orbitask.common.errors import ConfigError
 from orbitask.tasks import callbacks as callbacks_lib
 from orbitask.tasks import step_tensors
 from orbitask.tasks.base import Task
-from orbitask.tasks.errors import ConfigError
 
 REQUIRED = ("create_dataset", "create_model", "create_loss")
 OPTIONAL = (

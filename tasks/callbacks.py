@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from orbitask.tasks.errors import ConfigError
+from orbitask.common.errors import ConfigError
+from orbitask.common.setting_rules import POSITIVE_INT, require
 from orbitask.tasks.scalar_batch import ScalarBatch
-from orbitask.tasks.setting_rules import POSITIVE_INT, require
 
 Callback = Callable[[Any, "CallbackContext"], None]
 

@@ -29,10 +29,11 @@ from typing import Any
 
 import tensorflow as tf
 
-from orbitask.tasks import extra_losses, keras_compat, step_tensors
+from orbitask.common import keras_compat
+from orbitask.common.errors import ConfigError
+from orbitask.tasks import extra_losses, step_tensors
 from orbitask.tasks import gradients as gradients_lib
 from orbitask.tasks import replica_logs as replica_logs_lib
-from orbitask.tasks.errors import ConfigError
 
 
 def batch_size(tree: Any) -> tf.Tensor:

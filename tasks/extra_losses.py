@@ -3,7 +3,8 @@
 The default `grad_pre` returns them as an `ExtraLoss`, and the default step gives each kind its
 own share per replica, so that N replicas count them as one device does: terms independent of
 the batch once per step, batch means by the replica's share of the examples, batch sums as they
-are. Which layer list each term comes from is read by `tasks.keras_compat.model_loss_terms`.
+are. Which layer list each term comes from is read by
+`orbitask.common.keras_compat.model_loss_terms`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from orbitask.tasks import keras_compat
+from orbitask.common import keras_compat
 
 # How a call-time `add_loss` term that is not an activity regulariser depends on the batch
 # (`Task.added_losses`).

@@ -32,8 +32,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from orbitask.tasks.errors import ConfigError
-from orbitask.tasks.setting_rules import POSITIVE_INT, require
+from orbitask.common.errors import ConfigError
+from orbitask.common.setting_rules import POSITIVE_INT, require
 
 _SEED_PAD = 498247692  # the first of the shuffle's three seed words, as in index_shuffle
 

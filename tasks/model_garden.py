@@ -45,9 +45,10 @@ import gin
 import numpy as np
 import tensorflow as tf
 
-from orbitask.tasks import eval_logs, keras_compat
+from orbitask.common import keras_compat
+from orbitask.common.errors import ConfigError
+from orbitask.tasks import eval_logs
 from orbitask.tasks.base import Task
-from orbitask.tasks.errors import ConfigError
 
 GUIDE = "docs/porting_from_model_garden.md"
 _BASE_TASK = "official.core.base_task"

@@ -28,10 +28,10 @@ from typing import Any
 import gin
 import tensorflow as tf
 
-from orbitask.tasks import keras_compat, setting_rules
+from orbitask.common import keras_compat, setting_rules
+from orbitask.common.errors import ConfigError
 from orbitask.tasks.base import Task
 from orbitask.tasks.default_steps import batch_size, labels_of
-from orbitask.tasks.errors import ConfigError
 from orbitask.tasks.indexed_input import IndexedInput
 from orbitask.tasks.model_garden import GUIDE, is_model_garden_task
 from orbitask.tasks.multi_task_model import build_multi_model

@@ -15,8 +15,8 @@ from typing import Any
 import keras
 import tf_keras
 
-from orbitask.tasks import keras_compat
-from orbitask.tasks.errors import ConfigError
+from orbitask.common import keras_compat
+from orbitask.common.errors import ConfigError
 
 
 class _Routed:

@@ -16,7 +16,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from orbitask.tasks import keras_compat
+from orbitask.common import keras_compat
 
 
 class _Marking:

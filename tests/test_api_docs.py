@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from orbitask import tasks, trainers
+from orbitask import common, tasks, trainers
 
 WHEN = re.compile(r"eager|tf\.function|traced", re.IGNORECASE)
 RETURNS = re.compile(r"return|yield", re.IGNORECASE)
@@ -23,7 +23,7 @@ PUBLIC = [(pkg.__name__, name) for pkg in (tasks, trainers) for name in pkg.__al
 
 def _ours(obj) -> bool:
     return (getattr(obj, "__module__", None) or "").startswith(
-        ("orbitask.tasks", "orbitask.trainers")
+        ("orbitask.common", "orbitask.tasks", "orbitask.trainers")
     )
 
 
@@ -50,7 +50,7 @@ def _functions(obj):
 
 def test_every_module_has_a_docstring():
     missing = []
-    for pkg in (tasks, trainers):
+    for pkg in (common, tasks, trainers):
         for info in pkgutil.walk_packages(pkg.__path__, prefix=f"{pkg.__name__}."):
             module = importlib.import_module(info.name)
             if not (module.__doc__ or "").strip():

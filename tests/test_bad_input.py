@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from orbitask.tasks import setting_rules
+from orbitask.common import setting_rules
 from orbitask.trainers import (
     ConfigError,
     ExponentialMovingAverage,

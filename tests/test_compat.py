@@ -260,7 +260,7 @@ def test_dataset_graph_def_holds_the_map_functions_stateful_ops():
 def test_a_tf_keras_layers_generator_is_reached():
     import tf_keras
 
-    from orbitask.tasks import keras_compat
+    from orbitask.common import keras_compat
 
     inputs = tf_keras.Input((3,))
     model = tf_keras.Model(inputs, tf_keras.layers.Dropout(0.5, name="drop")(inputs))

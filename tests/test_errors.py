@@ -197,7 +197,7 @@ def test_the_binary_keeps_the_users_exception_and_traceback(
         f"include 'configs/defaults.gin'\nimport {module}\nTASK = {task}\nTRAIN_STEPS = 3\n"
         "orbitask.run_experiment.progress = False\n"
     )
-    from orbitask.tasks.errors import MissingBuilder
+    from orbitask.common.errors import MissingBuilder
     from orbitask.trainers.commands import train
 
     argv = [f"--gin_file={tmp_path / 'user.gin'}", f"--model_dir={tmp_path / 'run'}"]

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from orbitask.tasks import IndexedInput, Task, keras_compat
+from orbitask.common import keras_compat
+from orbitask.tasks import IndexedInput, Task
 from orbitask.trainers.commands import train
 from orbitask.trainers.errors import ConfigError
 

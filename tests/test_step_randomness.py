@@ -185,7 +185,7 @@ def test_a_stateful_op_in_the_input_runs_and_is_named(tmp_path, capsys):
 
 
 def test_keras_generators_behind_tf_keras_layers_are_found():
-    from orbitask.tasks import keras_compat
+    from orbitask.common import keras_compat
 
     inputs = tf_keras.Input((3,))
     layer = tf_keras.layers.Dropout(0.5)

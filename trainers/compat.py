@@ -1,8 +1,9 @@
 """The private Orbit, tf.train, tf.data and gin behaviour orbitask relies on.
 
 Each function here names what it reaches into; tests/test_compat.py fails loudly when a new
-version of a library changes it. Keras's private API is reached in `tasks/keras_compat.py` (the
-tasks layer does not import this one). The other places that reach private API, and why:
+version of a library changes it. Keras's private API is reached in
+`orbitask/common/keras_compat.py` (which does not import this one). The other places that reach
+private API, and why:
 
 - `trainers/run/controller.py`: `Controller` subclasses `orbit.Controller` and overrides its
   `_train_n_steps` (one device loop and its schedule, without Orbit's step reads and log line) and

@@ -1,6 +1,6 @@
 """The exceptions a run raises on purpose: a configuration mistake, a lost loss, preemption."""
 
-from orbitask.tasks.errors import ConfigError
+from orbitask.common.errors import ConfigError
 
 __all__ = [
     "ConfigError",

@@ -18,7 +18,7 @@ import gin
 import keras
 import tensorflow as tf
 
-from orbitask.tasks import keras_compat
+from orbitask.common import keras_compat
 from orbitask.tasks.base import Task
 from orbitask.tasks.examples.digits import digits_split
 from orbitask.tasks.gradients import all_reduce_sum

@@ -15,7 +15,7 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
-from orbitask.tasks.setting_rules import POSITIVE_INT
+from orbitask.common.setting_rules import POSITIVE_INT
 from orbitask.trainers.errors import ConfigError
 
 

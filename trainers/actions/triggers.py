@@ -17,7 +17,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from orbitask.tasks.setting_rules import POSITIVE_INT, require
+from orbitask.common.setting_rules import POSITIVE_INT, require
 from orbitask.trainers.errors import ConfigError
 
 

@@ -23,7 +23,7 @@ def fail(message: object) -> int:
     Returns:
       `EXIT_USAGE`.
     """
-    from orbitask.tasks.errors import one_line
+    from orbitask.common.errors import one_line
 
     lines = str(message).strip().splitlines()
     print(f"orbitask: error: {one_line(lines[0]) if lines else 'error'}", file=sys.stderr)
@@ -37,7 +37,7 @@ def exit_status(error: Exception) -> int | None:
       The exit status for `error`, or None when it is not such a mistake: the caller re-raises
       it, with its traceback.
     """
-    from orbitask.tasks.errors import MissingBuilder, one_line
+    from orbitask.common.errors import MissingBuilder, one_line
     from orbitask.trainers.errors import (
         ConfigError,
         Interrupted,

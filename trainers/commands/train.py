@@ -199,7 +199,7 @@ def build_task():
 
 
 def _one_line(error: BaseException) -> str:
-    from orbitask.tasks.errors import one_line
+    from orbitask.common.errors import one_line
 
     return one_line(error) or type(error).__name__
 

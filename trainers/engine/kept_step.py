@@ -15,7 +15,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from orbitask.tasks import keras_compat, step_tensors
+from orbitask.common import keras_compat
+from orbitask.tasks import step_tensors
 
 
 class KeptStep:

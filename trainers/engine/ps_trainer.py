@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from orbitask.tasks import keras_compat
+from orbitask.common import keras_compat
 from orbitask.trainers.distribution.cluster import num_ps_workers
 from orbitask.trainers.engine.trainer import TaskTrainer
 from orbitask.trainers.errors import ConfigError

@@ -21,7 +21,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from orbitask.tasks.errors import one_line
+from orbitask.common.errors import one_line
 from orbitask.trainers.errors import ConfigError, EarlyStop, NonFiniteLossError, Preempted
 
 # Where an error leaves the trained state whole: the entries of the Controller's schedule (and

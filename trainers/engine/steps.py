@@ -22,7 +22,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from orbitask.tasks import keras_compat, replica_logs
+from orbitask.common import keras_compat
+from orbitask.tasks import replica_logs
 from orbitask.trainers.engine.replica_batches import ReplicaBatches
 
 

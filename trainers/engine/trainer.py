@@ -25,7 +25,8 @@ from typing import Any
 import orbit
 import tensorflow as tf
 
-from orbitask.tasks import eval_logs, keras_compat
+from orbitask.common import keras_compat
+from orbitask.tasks import eval_logs
 from orbitask.trainers.engine.evaluation import TaskEvaluator
 from orbitask.trainers.engine.step_errors import refuse_hidden_logs
 from orbitask.trainers.state import random_state

@@ -14,7 +14,7 @@ from typing import Any
 import gin
 import tensorflow as tf
 
-from orbitask.tasks import setting_rules
+from orbitask.common import setting_rules
 
 
 @gin.configurable("ExponentialMovingAverage", module="orbitask")

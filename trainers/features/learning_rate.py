@@ -23,7 +23,7 @@ import gin
 import tensorflow as tf
 import tf_keras
 
-from orbitask.tasks import keras_compat, setting_rules
+from orbitask.common import keras_compat, setting_rules
 from orbitask.trainers.errors import ConfigError
 
 KINDS = ("constant", "exponential", "cosine", "piecewise", "polynomial", "inverse_sqrt",

@@ -21,7 +21,7 @@ import gin
 import tensorflow as tf
 from absl import logging
 
-from orbitask.tasks import setting_rules
+from orbitask.common import setting_rules
 from orbitask.trainers.errors import ConfigError, NonFiniteLossError
 
 SPIKE_HORIZON = 100  # accepted losses in the recent average (the EMA's 1 / weight)

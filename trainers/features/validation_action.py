@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import tensorflow as tf
 from absl import logging
 
-from orbitask.tasks import keras_compat
+from orbitask.common import keras_compat
 from orbitask.trainers.errors import EarlyStop
 from orbitask.trainers.state import checkpoint_restore, input_position
 

@@ -32,7 +32,7 @@ import gin
 import numpy as np
 import tensorflow as tf
 
-from orbitask.tasks import setting_rules
+from orbitask.common import setting_rules
 from orbitask.trainers.errors import ConfigError
 from orbitask.trainers.features.validation_action import ValidationAction, ValidationRun
 

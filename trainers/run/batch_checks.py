@@ -13,9 +13,9 @@ from typing import Any
 
 import tensorflow as tf
 
+from orbitask.common.errors import one_line
 from orbitask.tasks import replica_logs
 from orbitask.tasks.base import Task
-from orbitask.tasks.errors import one_line
 from orbitask.trainers.distribution import cluster
 from orbitask.trainers.engine import user_code
 from orbitask.trainers.errors import ConfigError

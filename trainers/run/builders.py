@@ -16,7 +16,7 @@ from typing import Any
 import orbit
 import tensorflow as tf
 
-from orbitask.tasks import keras_compat
+from orbitask.common import keras_compat
 from orbitask.trainers.actions import summaries
 from orbitask.trainers.distribution import cluster, strategies
 from orbitask.trainers.engine import eval_inputs, inputs

@@ -7,7 +7,8 @@ from typing import Any
 
 import gin
 
-from orbitask.tasks import model_garden, setting_rules
+from orbitask.common import setting_rules
+from orbitask.tasks import model_garden
 from orbitask.trainers.run import messages, predicting
 from orbitask.trainers.run.runner import ExperimentRunner
 from orbitask.trainers.run.settings import Settings, defaults

@@ -8,7 +8,7 @@ import uuid
 
 import tensorflow as tf
 
-from orbitask.tasks.errors import one_line
+from orbitask.common.errors import one_line
 from orbitask.trainers.errors import ConfigError
 
 

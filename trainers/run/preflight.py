@@ -12,9 +12,9 @@ from typing import Any
 
 import tensorflow as tf
 
-from orbitask.tasks import keras_compat
+from orbitask.common import keras_compat
+from orbitask.common.errors import one_line
 from orbitask.tasks.base import Task
-from orbitask.tasks.errors import one_line
 from orbitask.trainers.engine import evaluation, inputs, user_code
 from orbitask.trainers.errors import ConfigError
 from orbitask.trainers.run import batch_checks, dry_step

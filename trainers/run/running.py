@@ -16,8 +16,8 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
+from orbitask.common.errors import one_line
 from orbitask.tasks import CallbackContext
-from orbitask.tasks.errors import one_line
 from orbitask.trainers.actions import summaries
 from orbitask.trainers.engine import evaluation, step_errors, user_code
 from orbitask.trainers.errors import EarlyStop

@@ -31,7 +31,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from orbitask.tasks.errors import one_line
+from orbitask.common.errors import one_line
 from orbitask.trainers.engine import eval_inputs
 from orbitask.trainers.errors import ConfigError, NoSpaceError
 from orbitask.trainers.state.full_disk import is_no_space

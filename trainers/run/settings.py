@@ -1,6 +1,6 @@
 """`run_experiment`'s settings, grouped (loop, checkpoints, evaluation, distribution, features),
 and their checks before any work: one line naming the setting and the fix (the type and range
-of each are `tasks.setting_rules.RULES`)."""
+of each are `orbitask.common.setting_rules.RULES`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from typing import Any
 
 import gin
 
-from orbitask.tasks import Task, setting_rules
+from orbitask.common import setting_rules
+from orbitask.tasks import Task
 from orbitask.tasks.model_garden import GUIDE, ModelGardenTask
 from orbitask.trainers.actions import profiling
 from orbitask.trainers.engine.prefetch import Prefetch

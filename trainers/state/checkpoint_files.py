@@ -15,7 +15,7 @@ import tensorflow as tf
 from google.protobuf import text_format
 from tensorflow.python.checkpoint import checkpoint_management as _management
 
-from orbitask.tasks.errors import one_line
+from orbitask.common.errors import one_line
 
 
 def scan(directory: str, name: str = "ckpt") -> list[str]:

@@ -23,7 +23,7 @@ from tensorflow.python.checkpoint import checkpoint as _checkpoint_lib
 from tensorflow.python.checkpoint import graph_view as _graph_view
 from tensorflow.python.util import object_identity
 
-from orbitask.tasks.errors import one_line
+from orbitask.common.errors import one_line
 from orbitask.trainers.errors import ConfigError
 from orbitask.trainers.state import input_position
 from orbitask.trainers.state.checkpoint_files import unreadable_reason

@@ -25,7 +25,7 @@ import tensorflow as tf
 import tf_keras
 from absl import logging
 
-from orbitask.tasks import keras_compat
+from orbitask.common import keras_compat
 from orbitask.trainers import compat
 
 _HOST = (random.Random, np.random.RandomState, np.random.Generator)

@@ -15,7 +15,7 @@ import keras
 import tensorflow as tf
 import tf_keras
 
-from orbitask.tasks.errors import ConfigError
+from orbitask.common.errors import ConfigError
 
 KERAS3 = "keras"
 TF_KERAS = "tf_keras"

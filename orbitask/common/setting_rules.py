@@ -20,7 +20,7 @@ import numbers
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from orbitask.tasks.errors import ConfigError
+from orbitask.common.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
