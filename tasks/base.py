@@ -57,8 +57,10 @@ class Task(DefaultSteps):
     # What a scalar that `loss_fn` returns is over the replica's batch: "sum" (per-example losses
     # summed; the default step divides by the global batch size) or "mean" (their mean, which
     # the default steps multiply by the replica's examples first, so it trains as the sum would).
-    # A Keras 3 loss object's mean is recognised either way. The check before the first step
-    # refuses a plain mean under "sum": it would train with a 1/batch gradient.
+    # A Keras 3 loss object's mean is a mean. The check before the first step refuses a mean
+    # under "sum" (it would train with a 1/batch gradient), and measures whether the loss is
+    # already divided by the replica count (Keras 3 loss objects, `tf.nn.compute_average_loss`):
+    # the default steps then get it multiplied back (`trainers.run.loss_share`).
     loss_reduction = "sum"
 
     def __init__(

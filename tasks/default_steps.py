@@ -33,7 +33,6 @@ from orbitask.common import keras_compat
 from orbitask.common.errors import ConfigError
 from orbitask.tasks import extra_losses, step_tensors
 from orbitask.tasks import gradients as gradients_lib
-from orbitask.tasks import replica_logs as replica_logs_lib
 
 
 def batch_size(tree: Any) -> tf.Tensor:
@@ -124,14 +123,21 @@ def _update_logs(loss_key: str, scaled_sum: Any, display: list, finite: Any, rep
 class DefaultSteps:
     """The default steps of a `Task`: per replica, inside `strategy.run`, under tf.function."""
 
-    # How the replicas' `train_step` logs combine into the step's logs, so that N replicas report
-    # what one device reports: "mean" when each replica's value is for its own batch (Model
-    # Garden steps, the default step), "sum" when each is already a share of the global batch's
-    # mean (TensorFlow's custom-training tutorial: `tf.nn.compute_average_loss`). None (the
-    # default): "mean" for the default step; for a task's own `train_step`, the logs computed
-    # from a Keras 3 loss object's result (which Keras divides by the replica count under
-    # tf.distribute) or from `tf.nn.compute_average_loss` are summed, the others averaged.
+    # How the replicas' logs of a task's own `train_step` add up to what one device logs: "mean"
+    # when each replica's value is for its own batch (Model Garden's steps, the Keras guides'
+    # plain means), "sum" when each is already a share of the global batch's mean (a Keras 3
+    # loss object's result, which Keras divides by the replica count under tf.distribute, or
+    # `tf.nn.compute_average_loss`), or a dict of those by log key (keys not in it: "mean").
+    # None: "mean", with a warning when a run has several replicas. The default step's logs are
+    # one device's already, whatever this says.
     replica_logs = None
+
+    @property
+    def own_train_step(self) -> bool:
+        """Whether this Task's class overrides `train_step`, owning its whole step: then the
+        stages, the gradient arithmetic and the features that need `compute_update` (the NaN
+        guard, float16 loss scaling, gradient accumulation) are its own. Eager; returns it."""
+        return type(self).train_step is not DefaultSteps.train_step
 
     def train_step(
         self,
@@ -263,8 +269,7 @@ class DefaultSteps:
             outputs = model(inputs, training=True)
             loss_input = self.loss_pre(outputs, batch, model, lr)
             examples = global_batch_size // shares if part_count is None else part_count
-            loss = self.weighted(loss_fn(loss_input), batch)
-            loss = replica_logs_lib.replica_loss(self.batch_sum(loss, examples), examples)
+            loss = self.batch_sum(self.weighted(loss_fn(loss_input), batch), examples)
             loss_per_batch, extra_loss, trainable_vars, *own = self.grad_pre(
                 loss, outputs, batch, model, loss_fn, lr
             )
@@ -292,11 +297,10 @@ class DefaultSteps:
 
     def batch_sum(self, loss: Any, examples: Any) -> Any:
         """Returns `loss` as a sum over this replica's `examples`: under `loss_reduction =
-        "mean"` a scalar that is not a Keras 3 loss object's mean (`replica_logs`) times
-        `examples`; otherwise `loss` unchanged. Traced, per replica."""
+        "mean"` a scalar times `examples`; otherwise `loss` unchanged. Traced, per replica."""
         if getattr(self, "loss_reduction", "sum") != "mean" or not tf.is_tensor(loss):
             return loss
-        if loss.shape.rank != 0 or replica_logs_lib.is_global_share(loss):
+        if loss.shape.rank != 0:
             return loss
         return loss * tf.cast(examples, loss.dtype)
 
@@ -312,7 +316,6 @@ class DefaultSteps:
         outputs = model(inputs, training=False)
         loss = self.weighted(loss_fn(self.loss_pre(outputs, batch, model, lr)), batch)
         loss = self.batch_sum(loss, batch_size(inputs))  # under loss_reduction "mean"
-        loss = replica_logs_lib.replica_loss(loss, batch_size(inputs))  # a Keras 3 mean: a sum
         self.process_metrics(metrics, labels_of(batch), outputs)
         return {
             self.loss: tf.cast(gradients_lib.batch_sum(loss), tf.float32),

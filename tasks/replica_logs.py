@@ -1,99 +1,59 @@
-"""Losses that are already a share of the global batch's mean, and how logs made from them add up.
+"""How the replicas' logs of a step add up to what one device logs: `Task.replica_logs`.
 
-Under tf.distribute a Keras 3 loss object's mean result is its replica's mean divided by the
-replica count (`scale_loss_for_distribution`), and `tf.nn.compute_average_loss` divides by the
-global batch size: summed over replicas, such a value is what one device computes. While
-`recording_global_losses` is open it records these values as steps are traced; the trainer sums
-the logs computed from them over replicas (averaging the others), and the default steps turn
-such a loss back into its replica's own (`replica_loss`).
+Each replica returns its own logs; the trainer reduces each key over replicas with the rule the
+Task declares. The default step's logs are one device's whatever it declares ("mean"). A
+task's own `train_step` declares "mean" (each value is for the replica's own batch), "sum"
+(each is already a share of the global batch's mean, as `tf.nn.compute_average_loss` and a
+Keras 3 loss object's result under tf.distribute are) or a dict of those by key; None is
+"mean". Nothing is guessed: TensorFlow and Keras run as they are.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
-import tensorflow as tf
+from orbitask.common.errors import ConfigError
 
-from orbitask.common import keras_compat
-
-
-class _Marking:
-    """A loss function that records its traced results' `ref()`s in `marked` (a set)."""
-
-    def __init__(self, fn: Any, marked: set):
-        self.fn = fn
-        self.marked = marked
-
-    def __call__(self, *args, **kwargs):
-        value = self.fn(*args, **kwargs)
-        if tf.is_tensor(value) and not tf.executing_eagerly():
-            self.marked.add(value.ref())
-        return value
+RULES = ("mean", "sum")
 
 
-def _recorded() -> set | None:
-    """The set of the recording in effect (found at its patch point), or None."""
-    marking = tf.nn.compute_average_loss
-    return marking.marked if isinstance(marking, _Marking) else None
+def convention(task: Any) -> str | dict:
+    """The rule of `task`'s train logs: "mean" for the default `train_step`, else its
+    `replica_logs` ("mean" when None). Eager; returns "mean", "sum" or `{key: rule}`."""
+    if not task.own_train_step:
+        return "mean"
+    declared = getattr(task, "replica_logs", None)
+    return "mean" if declared is None else declared
 
 
-@contextlib.contextmanager
-def recording_global_losses() -> Iterator[set]:
-    """While steps are traced, records the values that are already a share of the global batch's
-    mean: Keras 3 loss objects' mean results (which divide by the replica count under
-    tf.distribute) and `tf.nn.compute_average_loss`'s. Yields the set of their `ref()`s. Eager,
-    around a run or a trace (nested: the outer recording's set). A log computed from such a
-    value is summed over replicas to give one device's number (`trainers.engine.steps.Finish`),
-    and the default steps turn such a loss back into its replica's share (`is_global_share`).
+def summed(rule: str | dict, key: str) -> bool:
+    """Whether the log `key` is summed over replicas under `rule` (`convention`). Eager or
+    traced (Python); returns it."""
+    if isinstance(rule, dict):
+        return rule.get(key, "mean") == "sum"
+    return rule == "sum"
+
+
+def undeclared(task: Any, replicas: int) -> bool:
+    """Whether a run on `replicas` replicas averages `task`'s own `train_step` logs without the
+    Task saying so (a warning's cue). Eager; returns it."""
+    return replicas > 1 and task.own_train_step and getattr(task, "replica_logs", None) is None
+
+
+def check(task: Any) -> None:
+    """Refuses a `replica_logs` that is not None, "mean", "sum" or a dict of those by log key.
+    Eager; returns None.
+
+    Raises:
+      ConfigError: naming the class and the value.
     """
-    recorded = _recorded()
-    if recorded is not None:
-        yield recorded
-        return
-    keras_loss = keras_compat.keras_loss_module()
-    marked: set = set()
-    scale, average = keras_loss.scale_loss_for_distribution, tf.nn.compute_average_loss
-    keras_loss.scale_loss_for_distribution = _Marking(scale, marked)
-    tf.nn.compute_average_loss = _Marking(average, marked)
-    try:
-        yield marked
-    finally:
-        keras_loss.scale_loss_for_distribution = scale
-        tf.nn.compute_average_loss = average
-
-
-def is_global_share(value: Any) -> bool:
-    """Whether a traced loss comes from a Keras 3 loss object's mean or `compute_average_loss`
-    (recorded by `recording_global_losses`), i.e. is its replica's mean divided by the replica
-    count. Traced."""
-    recorded = _recorded()
-    return recorded is not None and derives_from(value, recorded)
-
-
-def replica_loss(loss: Any, examples: Any) -> Any:
-    """`loss` as its replica computed it: a Keras 3 mean (`is_global_share`) times the replica
-    count and the replica's `examples` (a sum over its batch, as a per-example loss summed);
-    any other loss unchanged. Traced, per replica."""
-    if not is_global_share(loss):
-        return loss
-    replicas = tf.distribute.get_replica_context().num_replicas_in_sync
-    return loss * tf.cast(replicas * examples, loss.dtype)
-
-
-def derives_from(value: Any, marked: set) -> bool:
-    """Whether a traced tensor is, or is computed from, one of the `marked` tensors. Traced."""
-    if not marked or not tf.is_tensor(value) or not hasattr(value, "op"):
-        return False
-    seen, stack = set(), [value]
-    while stack:
-        tensor = stack.pop()
-        if tensor.ref() in marked:
-            return True
-        op = tensor.op
-        if op.name in seen:
-            continue
-        seen.add(op.name)
-        stack.extend(op.inputs)
-    return False
+    declared = getattr(task, "replica_logs", None)
+    good = declared is None or declared in RULES
+    if isinstance(declared, dict):
+        good = all(isinstance(k, str) and v in RULES for k, v in declared.items())
+    if not good:
+        raise ConfigError(
+            f"`{type(task).__name__}.replica_logs` must be None, 'mean', 'sum' or a dict of "
+            f"those by log key; received {declared!r}. Set it on your Task class (see "
+            "Task.replica_logs)."
+        )

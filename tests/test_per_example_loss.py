@@ -1,8 +1,9 @@
-"""A loss may return per-example losses (shape [batch], `reduction="none"`), their sum, a Keras 3
-loss object's mean (which Keras divides by the replica count under tf.distribute), or a plain
-mean on a Task that says so (`loss_reduction = "mean"`): all train the same weights, on 1 device
-and on 2 replicas, and report the same train and evaluation loss. A plain mean not declared is
-refused before any work: it would train with a 1/batch gradient."""
+"""A loss may return per-example losses (shape [batch], `reduction="none"`), their sum, or a mean
+on a Task that says so (`loss_reduction = "mean"`): a plain mean, or a Keras 3 loss object's
+(which Keras divides by the replica count under tf.distribute; the run measures that and
+multiplies it back). All train the same weights, on 1 device and on 2 replicas, and report the
+same train and evaluation loss, an evaluation-only run included. A mean not declared is refused
+before any work: it would train with a 1/batch gradient."""
 
 import keras
 import numpy as np
@@ -27,6 +28,8 @@ class PerExample(Summed):
 
 
 class KerasMean(Summed):
+    loss_reduction = "mean"
+
     def build_losses(self):
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         return lambda pair: loss(pair[1], pair[0])
@@ -44,6 +47,10 @@ class PlainMean(Summed):
 
 class DeclaredMean(PlainMean):
     loss_reduction = "mean"
+
+
+class UndeclaredKerasMean(KerasMean):
+    loss_reduction = "sum"
 
 
 @pytest.mark.parametrize(
@@ -67,16 +74,23 @@ def test_per_example_and_summed_losses_train_the_same(tmp_path, strategy):
         assert logs["train"]["loss"] == pytest.approx(summed_logs["train"]["loss"], rel=1e-5)
         assert logs["eval"]["loss"] == pytest.approx(summed_logs["eval"]["loss"], rel=1e-5)
         assert np.ndim(logs["eval"]["loss"]) == 0
+    evaluated = run_experiment(
+        KerasMean(shuffle=True), str(tmp_path / "KerasMean"), mode="eval", train_steps=6,
+        global_batch_size=8,
+        strategy=strategy, progress=False,
+    )  # fmt: skip
+    assert evaluated["eval"]["loss"] == pytest.approx(summed_logs["eval"]["loss"], rel=1e-5)
 
 
+@pytest.mark.parametrize("cls", [PlainMean, UndeclaredKerasMean])
 @pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
-def test_a_plain_mean_is_refused_in_one_line_before_any_work(tmp_path, strategy):
+def test_a_mean_not_declared_is_refused_in_one_line_before_any_work(tmp_path, strategy, cls):
     with pytest.raises(ConfigError) as error:
         run_experiment(
-            PlainMean(), str(tmp_path), mode="train", train_steps=6, global_batch_size=8,
+            cls(), str(tmp_path), mode="train", train_steps=6, global_batch_size=8,
             strategy=strategy, progress=False,
         )  # fmt: skip
     line = str(error.value).splitlines()[0]
-    assert line.startswith("PlainMean's loss is a mean over the batch"), line
+    assert line.startswith(f"{cls.__name__}'s loss is a mean over the batch"), line
     assert "1/8 gradient" in line and "loss_reduction = 'mean'" in line
     assert not list(tmp_path.glob("ckpt-*"))

@@ -203,6 +203,9 @@ class DCGAN(orbitask.Task):
       distributable: synchronized BatchNormalization and no Dropout (see the module docstring).
     """
 
+    # Both logs are Keras 3 loss objects' means, which Keras divides by the replica count.
+    replica_logs = "sum"
+
     def __init__(self, distributable: bool = False):
         super().__init__()
         self.distributable = distributable

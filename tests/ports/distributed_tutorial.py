@@ -140,6 +140,8 @@ def original() -> Run:
 class Tutorial(orbitask.Task):
     """The tutorial's model, input and `step_fn` as an orbitask task."""
 
+    replica_logs = "sum"  # `tf.nn.compute_average_loss`: each replica's share of the global mean
+
     def __init__(self):
         super().__init__()
         self.logs = StepLogs()

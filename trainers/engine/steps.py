@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
+from absl import logging
 
 from orbitask.common import keras_compat
 from orbitask.tasks import replica_logs
@@ -87,16 +88,12 @@ class ReplicaUpdate:
         return logs
 
 
-def task_train_step(objects: TaskObjects, summed: set | None = None) -> Callable:
-    """The replica function running the task's `train_step` (traced, replica context).
-
-    `summed`: a set that receives the keys of the logs computed from a share of the global
-    batch's loss (`replica_logs.recording_global_losses`), or None.
-    """
+def task_train_step(objects: TaskObjects) -> Callable:
+    """The replica function running the task's `train_step` (traced, replica context)."""
 
     def replica_step(batch):
         o = objects
-        logs = o.task.train_step(
+        return o.task.train_step(
             batch,
             o.model,
             o.optimizer,
@@ -105,31 +102,8 @@ def task_train_step(objects: TaskObjects, summed: set | None = None) -> Callable
             lr=o.lr,
             global_batch_size=o.global_batch_size,
         )
-        if summed is not None and getattr(summed, "marked", None):
-            summed.update(k for k, v in logs.items() if replica_logs.derives_from(v, summed.marked))
-        return logs
 
     return replica_step
-
-
-class LogKeys(set):
-    """The keys of a step's logs that are summed over replicas; `marked` holds the tensors
-    `replica_logs.recording_global_losses` saw during the trace."""
-
-    marked: set | None = None
-
-
-def log_convention(task: Any) -> str | None:
-    """`Task.replica_logs` ("mean" or "sum"), or None: the task's own `train_step` with no
-    convention set, whose logs computed from Keras 3 loss objects or `tf.nn.compute_average_loss`
-    (already a share of the global mean) are summed and the rest averaged."""
-    convention = getattr(task, "replica_logs", None)
-    if convention is not None:
-        return convention
-    from orbitask.tasks.base import Task
-
-    own = getattr(type(task), "train_step", None)
-    return None if own is not None and own is not Task.train_step else "mean"
 
 
 class PlainBody:
@@ -221,28 +195,22 @@ class GuardedBody:
 
 
 class Finish:
-    """Ends a step (traced, cross-replica): replica logs combined (`Task.replica_logs`: mean or
-    sum; `summed` names the keys summed when it is not set), EMA moved, step counted."""
+    """Ends a step (traced, cross-replica): replica logs combined by the Task's rule
+    (`tasks.replica_logs.convention`), EMA moved, step counted."""
 
     def __init__(
-        self,
-        strategy,
-        global_step: tf.Variable,
-        ema: Any = None,
-        combine: str | None = "mean",
-        summed: set | None = None,
+        self, strategy, global_step: tf.Variable, ema: Any = None, rule: str | dict = "mean"
     ):
         self.strategy = strategy
         self.global_step = global_step
         self.ema = ema
-        self.combine = combine
-        self.summed = summed if summed is not None else set()
+        self.rule = rule
 
     def __call__(self, per_replica_logs: dict, extra: dict) -> dict:
         ops = tf.distribute.ReduceOp
         logs = {}
         for k, v in per_replica_logs.items():
-            total = self.combine == "sum" or (self.combine is None and k in self.summed)
+            total = replica_logs.summed(self.rule, k)
             logs[k] = self.strategy.reduce(ops.SUM if total else ops.MEAN, v, axis=None)
         logs.update(extra)
         if self.ema is not None:
@@ -281,8 +249,15 @@ class TrainStep:
         strategy = objects.strategy
         self.objects = objects
         self.schedule = schedule
-        self.convention = log_convention(objects.task)
-        self.summed = LogKeys()
+        rule = replica_logs.convention(objects.task)
+        if replica_logs.undeclared(objects.task, strategy.num_replicas_in_sync):
+            logging.warning(
+                "%s.train_step's logs are averaged over the %d replicas; if a log is already a "
+                "share of the global batch's mean (tf.nn.compute_average_loss, a Keras 3 loss "
+                "object's result), declare %s.replica_logs = 'sum' (or {key: 'sum'}).",
+                type(objects.task).__name__, strategy.num_replicas_in_sync,
+                type(objects.task).__name__,
+            )  # fmt: skip
         per_replica = objects.global_batch_size // strategy.num_replicas_in_sync
         self.batches = ReplicaBatches(strategy, accumulation, per_replica)
         update = ReplicaUpdate(objects, accumulation, loss_scale, nan_guard is not None)
@@ -291,8 +266,8 @@ class TrainStep:
         elif accumulation > 1:
             self.body = PlainBody(strategy, update.compute_and_apply, jit_compile)
         else:
-            self.body = PlainBody(strategy, task_train_step(objects, self.summed), jit_compile)
-        self.finish = Finish(strategy, objects.global_step, ema, self.convention, self.summed)
+            self.body = PlainBody(strategy, task_train_step(objects), jit_compile)
+        self.finish = Finish(strategy, objects.global_step, ema, rule)
 
     def reset(self) -> None:
         """Eager, before a new loop function is traced."""
@@ -304,11 +279,4 @@ class TrainStep:
         batch = self.batches(iterator)
         if self.schedule is not None:
             self.schedule.step_update(self.objects.global_step, self.objects.optimizer)
-        if self.convention is not None:
-            return self.finish(*self.body(batch))
-        self.summed.clear()
-        with replica_logs.recording_global_losses() as marked:
-            self.summed.marked = marked
-            body = self.body(batch)
-        self.summed.marked = None
-        return self.finish(*body)
+        return self.finish(*self.body(batch))

@@ -14,7 +14,6 @@ from typing import Any
 import tensorflow as tf
 
 from orbitask.common.errors import one_line
-from orbitask.tasks import replica_logs
 from orbitask.tasks.base import Task
 from orbitask.trainers.distribution import cluster
 from orbitask.trainers.engine import user_code
@@ -143,8 +142,8 @@ def reason(error: BaseException, limit: int = 300) -> str:
 def check_not_a_mean(task: Any, objects: Any, outputs: Any, batch: Any, where: str) -> None:
     """Refuses a scalar loss that is a plain mean over the batch under `loss_reduction` "sum"
     (`objects`: a `preflight.TrainObjects`). The loss of the batch and that of the batch
-    (outputs and labels) twice over agree for a mean, where a sum doubles. A Keras 3 loss
-    object's mean (`replica_logs`) is scaled by the default step and passes. Eager (one
+    (outputs and labels) twice over agree for a mean, where a sum doubles (a Keras 3 loss
+    object's mean is a mean). Eager (one
     tf.function); returns None; a loss that cannot take the doubled batch, or is 0, is not
     judged."""
     name = type(task).__name__
@@ -161,23 +160,23 @@ def check_not_a_mean(task: Any, objects: Any, outputs: Any, batch: Any, where: s
         def replica(outputs, batch, twice):
             once = loss_fn(task.loss_pre(outputs, batch, model, lr))
             doubled = loss_fn(task.loss_pre(*twice, model, lr))
-            keras_mean = tf.constant(replica_logs.is_global_share(once))
-            return tf.cast(once, tf.float64), tf.cast(doubled, tf.float64), keras_mean
+            return tf.cast(once, tf.float64), tf.cast(doubled, tf.float64)
 
         strategy = tf.distribute.get_strategy()
         results = strategy.run(replica, args=(outputs, batch, twice))
         return tf.nest.map_structure(lambda v: strategy.experimental_local_results(v)[0], results)
 
     try:
-        once, doubled, keras_mean = (float(v) for v in losses())
+        once, doubled = (float(v) for v in losses())
     except Exception:  # noqa: BLE001 -- a loss that cannot take the doubled batch is not judged
         return
-    if keras_mean or once == 0.0 or abs(doubled - once) > 1e-6 * abs(once):
+    if once == 0.0 or abs(doubled - once) > 1e-6 * abs(once):
         return
     size = objects.global_batch_size
     raise ConfigError(
         f"{name}'s loss is a mean over the batch (it gives the same value for a batch from "
         f"{name}.{where} and for that batch twice over); the default step divides the loss by "
         f"global_batch_size, so a mean would train with a 1/{size} gradient. Return per-example "
-        f"losses or their sum from build_losses, or set loss_reduction = 'mean' on {name}."
+        f"losses (a Keras loss with reduction='none') or their sum from build_losses, or set "
+        f"loss_reduction = 'mean' on {name}."
     )

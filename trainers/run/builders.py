@@ -29,7 +29,7 @@ from orbitask.trainers.engine.trainer import TaskTrainer
 from orbitask.trainers.errors import ConfigError
 from orbitask.trainers.features.learning_rate import LearningRate
 from orbitask.trainers.features.precision import DynamicLossScale, precision_policy
-from orbitask.trainers.run import messages, preflight
+from orbitask.trainers.run import loss_share, messages, preflight
 from orbitask.trainers.run.settings import (
     Settings,
     check_cpu_devices,
@@ -277,8 +277,10 @@ def build_trainer(
     those marked `with_step_tensors` (`kept_step`). Eager."""
     loop = settings.loop
     ps = cluster.is_parameter_server(strategy)
+    per_replica = loop.global_batch_size // strategy.num_replicas_in_sync
+    loss_fn = loss_share.for_steps(task, strategy, objects, train_input, eval_dataset, per_replica)
     task_objects = TaskObjects(
-        task, strategy, objects.model, objects.optimizer, objects.loss_fn, objects.lr,
+        task, strategy, objects.model, objects.optimizer, loss_fn, objects.lr,
         objects.global_step, loop.global_batch_size, objects.train_metrics,
         objects.eval_metrics, objects.lr_control.follows,
     )  # fmt: skip

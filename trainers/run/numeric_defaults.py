@@ -29,7 +29,7 @@ def in_effect(task: Task, nan_guard: Any) -> list[str]:
             "run_experiment(..., params=config) for the config's optimizer)"
         ]
     cls, out = type(task), []
-    default_update = cls.update_pre is Task.update_pre and cls.train_step is Task.train_step
+    default_update = cls.update_pre is Task.update_pre and not task.own_train_step
     if default_update and task.clip_norm is not None:
         out.append(
             f"gradients clipped to global norm {task.clip_norm} "

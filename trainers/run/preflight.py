@@ -56,12 +56,7 @@ def check_inputs(
     per_replica_batch_size = global_batch_size // replicas
     where = "build_inputs" + ("" if training else " (training=False)")
     kind = type(task)
-    step = (
-        (kind.train_step, Task.train_step)
-        if training
-        else (kind.validation_step, Task.validation_step)
-    )
-    if step[0] is not step[1]:
+    if task.own_train_step if training else kind.validation_step is not Task.validation_step:
         return
     received = describe(element_spec)
     default_split = kind.input_pre is Task.input_pre or kind.loss_pre is Task.loss_pre
@@ -87,7 +82,7 @@ def check_inputs(
                 f"is {per_replica_batch_size} (global_batch_size {global_batch_size} / "
                 f"{replicas} replicas); batch with the per_replica_batch_size argument."
             )
-    if kind.train_step is Task.train_step and training:
+    if training and not task.own_train_step:
         _check_forward(task, element_spec, objects, per_replica_batch_size, where)
 
 
@@ -144,7 +139,7 @@ def needs_losses(task: Any, training: bool, evaluating: bool) -> bool:
     """Whether the run needs `task.build_losses()`: not when every step it runs is the task's own
     and the task does not define it. Eager; returns the answer."""
     kind = type(task)
-    own_steps = (not training or kind.train_step is not Task.train_step) and (
+    own_steps = (not training or task.own_train_step) and (
         not evaluating or kind.validation_step is not Task.validation_step
     )
     return not (own_steps and kind.build_losses is Task.build_losses)
@@ -189,7 +184,7 @@ def checked_train_input(task: Any, strategy: Any, train_input: Any, objects: Tra
     spec, per_replica = train_input.element_spec, objects.global_batch_size // replicas
     with dry_step.taken_back(task, model, objects.loss_fn):
         check_inputs(task, spec, objects, replicas)
-        if _weightless(model) and type(task).train_step is not Task.train_step:
+        if _weightless(model) and task.own_train_step:
             dry_step.build_weights(task, strategy, spec, per_replica, objects)
     # After check_inputs, which calls the model once: a Keras model without an Input layer only
     # has weights from then on, and the optimizer must be built with them.

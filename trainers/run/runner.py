@@ -15,7 +15,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from orbitask.tasks import model_garden, replica_logs
+from orbitask.tasks import model_garden
 from orbitask.trainers import compat
 from orbitask.trainers.actions.callback_action import CallbackAction
 from orbitask.trainers.actions.preemption import PreemptionWatcher
@@ -95,7 +95,6 @@ class ExperimentRunner(ModeRunning):
             return cluster.serve()  # a parameter-server job's worker or ps task only serves
         with (
             compat.orbit_messages_to_absl(),
-            replica_logs.recording_global_losses(),
             self.model_dir_lock,
             self.preemption,
         ):

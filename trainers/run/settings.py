@@ -10,7 +10,7 @@ from typing import Any
 import gin
 
 from orbitask.common import setting_rules
-from orbitask.tasks import Task
+from orbitask.tasks import replica_logs
 from orbitask.tasks.model_garden import GUIDE, ModelGardenTask
 from orbitask.trainers.actions import profiling
 from orbitask.trainers.engine.prefetch import Prefetch
@@ -274,17 +274,13 @@ def check(task: Any, model_dir: Any, mode: str, settings: Settings) -> None:
     _check_default_step(task, features.mixed_precision == "mixed_float16", loop)
     if isinstance(task, ModelGardenTask):
         task.check_global_batch_size(loop.global_batch_size)
-    if getattr(task, "replica_logs", None) not in (None, "mean", "sum"):
-        raise ConfigError(
-            f"`{type(task).__name__}.replica_logs` must be None, 'mean' or 'sum'; received "
-            f"{task.replica_logs!r}. Set it on your Task class (see Task.train_step)."
-        )
+    replica_logs.check(task)
     if not isinstance(model_dir, str) or not model_dir:
         raise ConfigError(f"`model_dir` must be a non-empty path; received {model_dir!r}.")
 
 
 def _check_default_step(task: Any, float16: bool, loop: LoopSettings) -> None:
-    if type(task).train_step is Task.train_step:
+    if not task.own_train_step:
         return
     name = type(task).__name__
     if isinstance(task, ModelGardenTask):
@@ -334,7 +330,7 @@ def check_nan_guard_step(task: Any) -> None:
     """Raises ConfigError when `task` overrides `train_step`, which the NaN guard needs."""
     if isinstance(task, ModelGardenTask):
         raise ConfigError(_model_garden_refusal(task, "nan_guard"))
-    if type(task).train_step is not Task.train_step:
+    if task.own_train_step:
         raise ConfigError(
             f"NanGuard needs the default train_step, but {type(task).__name__} "
             "overrides it; remove run_experiment.nan_guard or skip non-finite steps "
