@@ -48,11 +48,14 @@ def base_name(contender: str) -> str:
 
 @dataclasses.dataclass
 class Result:
-    """What one contender measured: steps/s of each round, peak RSS and extra figures."""
+    """What one contender measured: steps/s of each round, steps per CPU-second of each round
+    (all the process's threads; other processes' load barely moves it), peak RSS and extra
+    figures."""
 
     group: Group
     contender: str
     rates: list[float] = dataclasses.field(default_factory=list)
+    cpu_rates: list[float] = dataclasses.field(default_factory=list)
     peak_rss_mb: float | None = None
     extra: dict = dataclasses.field(default_factory=dict)
 
@@ -162,6 +165,7 @@ def run_group(
             for i in order:
                 window = workers[i].turn()
                 results[i].rates.append(window["steps"] / window["seconds"])
+                results[i].cpu_rates.append(window["steps"] / max(window["cpu_seconds"], 1e-9))
             echo(f"  round {r + 1}/{rounds} done ({time.monotonic() - started:.0f} s)")
         finishing = time.monotonic()
         for worker in workers:

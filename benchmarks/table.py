@@ -80,9 +80,10 @@ def pooled(results: list[Result], name: str) -> Result | None:
     if len(runs) == 1:
         return runs[0]
     rates = [statistics.fmean(rs) for rs in zip(*(r.rates for r in runs), strict=True)]
+    cpu = [statistics.fmean(rs) for rs in zip(*(r.cpu_rates for r in runs), strict=True)]
     rss = [r.peak_rss_mb for r in runs if r.peak_rss_mb]
     return dataclasses.replace(
-        runs[0], rates=rates, peak_rss_mb=statistics.fmean(rss) if rss else None
+        runs[0], rates=rates, cpu_rates=cpu, peak_rss_mb=statistics.fmean(rss) if rss else None
     )
 
 
@@ -95,6 +96,14 @@ def _ratio_text(result: Result, base: Result) -> str:
     return f"{paired_ratio(result, base):.3f} ({_interval_text(result, base)})"
 
 
+def _cpu_ratio_text(result: Result, base: Result) -> str:
+    """The paired ratio of steps per CPU-second (>1: fewer CPU seconds a step than `base`)."""
+    if not result.cpu_rates or len(result.cpu_rates) != len(base.cpu_rates):
+        return "-"
+    as_rates = (dataclasses.replace(r, rates=r.cpu_rates) for r in (result, base))
+    return _ratio_text(*as_rates)
+
+
 def _by_name(results: list[Result]) -> dict[str, Result]:
     names = {base_name(r.contender) for r in results}
     return {name: pooled(results, name) for name in names}
@@ -104,13 +113,14 @@ def markdown(groups: list[list[Result]], steps_per_call: int) -> str:
     """One Markdown table: a block of rows per group."""
     lines = [
         "| workload | replicas | contender | steps/s median | min-max | ratio to reference "
-        "(95% interval) | peak RSS MiB | RSS vs reference |",
-        "|---|---|---|---|---|---|---|---|",
+        "(95% interval) | CPU time ratio (95% interval) | peak RSS MiB | RSS vs reference |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for results in groups:
         ref = _by_name(results).get("reference")
         for r in results:
             ratio = _ratio_text(r, ref) if ref else "-"
+            cpu_ratio = _cpu_ratio_text(r, ref) if ref else "-"
             rss = f"{r.peak_rss_mb:.0f}" if r.peak_rss_mb else "-"
             rss_vs = (
                 f"{100 * (r.peak_rss_mb / ref.peak_rss_mb - 1):+.1f}%"
@@ -121,7 +131,7 @@ def markdown(groups: list[list[Result]], steps_per_call: int) -> str:
                 f"| {r.group.workload} | {r.group.replicas} | "
                 f"{contender_title(r.contender, steps_per_call)} | "
                 f"{statistics.median(r.rates):.1f} | {min(r.rates):.1f}-{max(r.rates):.1f} | "
-                f"{ratio} | {rss} | {rss_vs} |"
+                f"{ratio} | {cpu_ratio} | {rss} | {rss_vs} |"
             )
     return "\n".join(lines)
 

@@ -4,8 +4,9 @@
         --report_fd 5
 
 Protocol: at every window boundary the worker writes one JSON line to `--report_fd`
-(`{"event": "ready"}` after warm-up, then `{"event": "window", "seconds": ..., "steps": ...,
-"timed": ...}`; with `--lead_in k` only every (k+1)-th window is timed) and
+(`{"event": "ready"}` after warm-up, then `{"event": "window", "seconds": ..., "cpu_seconds":
+..., "steps": ..., "timed": ...}`, `cpu_seconds` the process's CPU time over the window, all its
+threads; with `--lead_in k` only every (k+1)-th window is timed) and
 blocks reading stdin until the harness writes `go`. At the end it writes
 `{"event": "done", "peak_rss_mb": ..., ...}`. The contender's own output (progress lines,
 `print_loss`) goes to stdout, which the harness sends to a log file, as a CI log would be.
@@ -51,6 +52,7 @@ class Gate:
         self.steps = steps
         self.lead_in = lead_in
         self.start: float | None = None
+        self.cpu_start = 0.0
         self.count = 0  # windows ended so far
         self.windows: list[tuple[float, float]] = []  # the timed ones
 
@@ -66,7 +68,7 @@ class Gate:
         self.report.flush()
 
     def __call__(self) -> None:
-        now = time.perf_counter()
+        now, cpu = time.perf_counter(), time.process_time()
         if self.start is None:
             self.send(event="ready")
         else:
@@ -74,11 +76,17 @@ class Gate:
             timed = self.count % (self.lead_in + 1) == 0
             if timed:
                 self.windows.append((self.start, now))
-            self.send(event="window", seconds=now - self.start, steps=self.steps, timed=timed)
+            self.send(
+                event="window",
+                seconds=now - self.start,
+                cpu_seconds=cpu - self.cpu_start,
+                steps=self.steps,
+                timed=timed,
+            )
         command = sys.stdin.readline().strip()
         if command != "go":
             raise SystemExit(f"worker: expected 'go' from the harness, got {command!r}")
-        self.start = time.perf_counter()
+        self.start, self.cpu_start = time.perf_counter(), time.process_time()
 
 
 def peak_rss_mb() -> float:

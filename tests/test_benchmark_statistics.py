@@ -79,3 +79,18 @@ def test_every_plan_names_known_contenders_and_keeps_a_reference():
             assert len(set(group.contenders)) == len(group.contenders), (plan, group)
             for name in group.contenders:
                 assert base_name(name) in worker.CONTENDERS, (plan, name)
+
+
+def test_the_cpu_time_ratio_pairs_rounds_and_pools_processes():
+    results = [
+        Result(GROUP, "reference", rates=[100, 50], cpu_rates=[200, 100]),
+        Result(GROUP, "reference#2", rates=[100, 50], cpu_rates=[100, 300]),
+        Result(GROUP, "orbitask", rates=[50, 100], cpu_rates=[150, 100]),
+    ]
+    text = table.markdown([results], 100)
+    # pooled reference: 150 and 200 steps per CPU-second; orbitask's rounds 1.0 and 0.5
+    row = next(line for line in text.splitlines() if "| orbitask default |" in line)
+    assert "| 0.750 (0.500-1.000) |" in row, row
+    no_cpu = [_result("reference", [100, 100]), _result("orbitask", [90, 90])]
+    row = next(x for x in table.markdown([no_cpu], 100).splitlines() if "orbitask default" in x)
+    assert "| 0.900 (0.900-0.900) | - |" in row, row
