@@ -305,6 +305,7 @@ def test_validation_state_is_saved_after_each_evaluation_and_resumed(tmp_path):
     assert json.loads((tmp_path / "split" / "best" / "info.json").read_text())["score"] == 1.0
 
 
+@pytest.mark.slow
 def test_a_scaled_schedule_stays_scaled_after_a_resume(tmp_path):
     """An exponential schedule, scaled by `lr_multiplier` (0.25) after the worse validation at
     step 4 (the factor is saved with the checkpoint): resumed at step 4, steps 5 and 6 train at

@@ -146,6 +146,7 @@ def test_device_loops_end_where_a_window_ends(tmp_path):
     assert task.calls[-1][1]["xent"] == pytest.approx(want["xent"], rel=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flavour,strategy", [("keras", "mirrored"), ("tf_keras", "one_device")])
 def test_a_resumed_run_logs_the_metrics_of_an_uninterrupted_one(tmp_path, flavour, strategy):
     """Stopped at step 6 inside the default window and resumed to 9: the checkpoint holds the
