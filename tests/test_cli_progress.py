@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 from orbitask.trainers.actions.progress import ProgressAction
+from orbitask.trainers.actions.schedule import Schedule
 
 
 class Clock:
@@ -28,15 +29,23 @@ def _progress(stream, total=100):
     step = tf.Variable(0, dtype=tf.int64)
     clock = Clock()
     action = ProgressAction(step, total, stream=stream, interval_s=10.0, clock=clock)
-    action.start()
+    _start(action, step)
     return action, step, clock
 
 
+def _start(action, step):
+    """What the Controller does before the first device loop: the schedule's start."""
+    action.schedule = Schedule([action.entry()], current_step=lambda: int(step.numpy()))
+    action.schedule.start(int(step.numpy()))
+
+
 def _loop_end(action, step, clock, at_step, at_time, logs):
-    """What the Controller does after a device loop: the step has moved, then actions run."""
+    """What the Controller does after a device loop: the step has moved, then the schedule runs
+    the progress entry when its trigger is due."""
+    start = int(step.numpy())
     step.assign(at_step)
     clock.now = at_time
-    action(logs)
+    action.schedule.run(logs, start)
 
 
 def test_log_stream_gets_rate_limited_lines_and_the_last_step():
@@ -70,7 +79,7 @@ def test_resumed_run_measures_rate_from_the_restored_step():
     step = tf.Variable(50, dtype=tf.int64)
     clock = Clock()
     action = ProgressAction(step, 100, stream=stream, clock=clock)
-    action.start()
+    _start(action, step)
     _loop_end(action, step, clock, 60, 2.0, {"loss": 1.0})
     assert stream.getvalue() == "step 60/100 | 5.0 steps/s | ETA 0:00:08 | loss 1\n"
 
@@ -95,7 +104,7 @@ def test_prints_on_a_terminal_erase_the_progress_line_first(monkeypatch):
     monkeypatch.setattr("sys.stdout", terminal)
     step, clock = tf.Variable(0, dtype=tf.int64), Clock()
     action = ProgressAction(step, 20, interval_s=10.0, clock=clock)
-    action.start()
+    _start(action, step)
     with action.attached():
         _loop_end(action, step, clock, 10, 1.0, {"loss": 2.0})
         print("step 10: loss 2")  # what the seed's print_loss does between two device loops

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from orbitask.tasks import callbacks, deferred
 from orbitask.trainers import TaskTrainer, run_experiment
+from orbitask.trainers.actions.schedule import Periodic, Schedule
 from orbitask.trainers.actions.summaries import LoopSummaryManager
 from orbitask.trainers.commands.report import read_events
 from tests.helpers import Recorder, TinyTask
@@ -165,10 +166,12 @@ def test_periodic_writes_run_on_a_background_thread_and_write_pending_waits_for_
     # kept; write_pending waits for them, writes the rest (step 35) and stops the thread.
     step = tf.Variable(0, dtype=tf.int64)
     manager = LoopSummaryManager(str(tmp_path), None, step, interval=10)
-    for end in (10, 20, 30, 35):
+    keep = Periodic("summaries", manager.write_summaries)
+    schedule = Schedule([keep, manager.entry()], current_step=lambda: int(step.numpy()))
+    for start, end in ((0, 10), (10, 20), (20, 30), (30, 35)):
         step.assign(end)
         manager.scalars.keep("loss", [(end - 5, 1.0 / end)])
-        manager.write_summaries({"grad_norm": float(end)})
+        schedule.run({"grad_norm": float(end)}, start)
         if end < 35:
             assert manager._pending  # handed to the writer thread
     manager.write_pending()

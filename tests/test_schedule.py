@@ -84,6 +84,34 @@ def test_a_seconds_rule_runs_on_every_worker_when_any_workers_clock_says_so():
     assert votes == [False, True]
 
 
+def test_first_loop_state_and_local_clock_rules_and_the_start_of_each_entry():
+    ran, votes, clock, step, tripped = [], [], _Clock(), [4], [False]
+    guard = Trigger(condition=lambda: tripped[0])
+    schedule = Schedule(
+        [
+            Periodic(
+                "lines", _recording(ran, "lines", step), local=True,
+                when=Trigger(every_secs=5.0, first=True, clock=clock),
+                at_start=lambda at: ran.append(("lines start", at)),
+            ),
+            Periodic("guard", _recording(ran, "guard", step), when=guard),
+            Periodic("window", print, at_start=lambda at: ran.append(("window start", at))),
+        ],
+        current_step=lambda: step[0],
+        agree=lambda due: votes.append(due) or True,  # another worker's clock would say yes
+    )  # fmt: skip
+    schedule.start(2)
+    assert ran == [("lines start", 2), ("window start", 2)]
+    ran.clear()
+    schedule.run({}, start=2)  # the first loop: "lines" is due once, before it first fired
+    step[0], clock.now = 6, 1.0
+    schedule.run({}, start=4)  # neither the local clock (1 s) nor the guard's state
+    tripped[0], step[0], clock.now = True, 8, 6.0
+    schedule.run({}, start=6)  # 6 s on this clock; the guard tripped
+    assert ran == [("lines", 4), ("lines", 8), ("guard", 8)]
+    assert votes == []  # a local rule asks no other worker
+
+
 def test_only_loop_ending_entries_cut_device_loops():
     schedule = Schedule(
         [
@@ -156,6 +184,11 @@ def test_a_runs_periodic_work_is_the_controllers_schedule(tmp_path, monkeypatch)
     assert names == [
         "callbacks", "metrics_window", "results", "progress", "profiler", "nan_guard",
         "preemption", "model_dir",
-        "train_actions", "summaries", "checkpoint",
+        "train_actions", "summaries", "summary_writes", "checkpoint",
     ]  # fmt: skip
     assert not built[0].train_actions  # every action is an entry
+    # Each periodic thing's rule is its entry's trigger; only the callbacks keep theirs, one
+    # per callback (`CallbackAction`), and progress on a terminal shows every loop.
+    whens = {e.name: e.when for e in built[0].schedule.entries}
+    timed = {"metrics_window", "progress", "profiler", "nan_guard", "summary_writes", "checkpoint"}
+    assert {name for name, when in whens.items() if isinstance(when, Trigger)} == timed

@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from orbitask.tasks import deferred
 from orbitask.trainers.actions.callback_action import CallbackAction
+from orbitask.trainers.actions.schedule import Periodic, Schedule
 from orbitask.trainers.actions.summaries import LoopSummaryManager
 from orbitask.trainers.actions.triggers import Trigger, steps_until_any
 
@@ -187,12 +188,15 @@ def test_loop_summaries_write_after_the_first_loop_a_passed_multiple_or_max_seco
     manager = LoopSummaryManager(
         str(tmp_path), None, step, interval=100, max_seconds=30.0, clock=clock
     )
-    written = []
+    keep = Periodic("summaries", manager.write_summaries)
+    schedule = Schedule([keep, manager.entry()], current_step=lambda: int(step.numpy()))
+    written, start = [], 0
     for end, now in ((40, 1.0), (80, 2.0), (120, 3.0), (160, 34.0), (170, 35.0), (200, 36.0)):
         step.assign(end)
         clock.now = now
-        manager.write_summaries({"loss": 1.0})
+        schedule.run({"loss": 1.0}, start)
         written.append(manager.trigger.last_step)
+        start = end
     # first loop; 80: same block; 120 passed 100; 160 by the clock; 170 neither; 200 reached
     assert written == [40, 40, 120, 160, 160, 200]
     manager.write_pending()

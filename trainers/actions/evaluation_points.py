@@ -19,13 +19,14 @@ def evaluation_entry(
     train_steps: int,
     interval: int | None,
     seconds: float | None,
+    at_start: Callable[[int], None] | None = None,
 ) -> Periodic:
     """The `evaluation` entry: `evaluate(output)` at each evaluation point up to `train_steps`
-    and `seconds` of training after the last evaluation (None: no time rule); device loops end
-    at the points."""
-    return Periodic(
-        "evaluation", evaluate, when=_trigger(train_steps, interval, seconds), ends_loop=True
-    )
+    and `seconds` of training after the last evaluation (None: no time rule), and
+    `at_start(step)` before the first device loop (the first evaluation: a baseline, or a point
+    the checkpoint did not record); device loops end at the points."""
+    when = _trigger(train_steps, interval, seconds)
+    return Periodic("evaluation", evaluate, when=when, ends_loop=True, at_start=at_start)
 
 
 def _trigger(train_steps: int, interval: int | None, seconds: float | None = None) -> Trigger:

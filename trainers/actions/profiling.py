@@ -16,14 +16,16 @@ import tensorflow as tf
 from absl import logging
 
 from orbitask.common.setting_rules import POSITIVE_INT
+from orbitask.trainers.actions.schedule import Periodic
+from orbitask.trainers.actions.triggers import Trigger
 from orbitask.trainers.errors import ConfigError
 
 
 class Profiler:
     """Starts and stops the TensorFlow profiler around steps `first`..`last` (chief only).
 
-    An Orbit train action (called after each device loop with its output) and a schedule for
-    the loop length (`steps_until_due`). Eager.
+    The action of its schedule entry (`entry`), after the loops ending at steps first-1 and
+    last. Eager.
 
     Args:
       steps: `(first, last)`, 1 <= first <= last.
@@ -41,13 +43,12 @@ class Profiler:
         self.running = False
         self.done = False
 
-    def steps_until_due(self, step: int) -> int | None:
-        """Steps from `step` to the next loop end the profiler needs (step first-1 or last), or
-        None. Eager host Python; returns an int or None."""
-        for due in (self.first - 1, self.last):
-            if due > step:
-                return due - step
-        return None
+    def entry(self) -> Periodic:
+        """The `profiler` entry: due at steps first-1 and last, where device loops end, and
+        starting the trace before the first loop when training starts inside the window. Eager;
+        returns the `Periodic`."""
+        edges = Trigger(at_steps=[s for s in (self.first - 1, self.last) if s > 0])
+        return Periodic("profiler", self, when=edges, ends_loop=True, at_start=self.start_if_due)
 
     def start_if_due(self, step: int) -> None:
         """Starts tracing when the next loop begins inside the window. Eager; returns None."""
@@ -57,8 +58,8 @@ class Profiler:
             logging.info("profiling steps %d-%d into %s", step + 1, self.last, self.logdir)
 
     def __call__(self, output: Any) -> None:
-        """The train action, after each device loop: stops after step `last`, else starts when
-        the next loop is inside the window. Eager; returns None."""
+        """The entry's action: stops after step `last`, else starts when the next loop is
+        inside the window. Eager; returns None."""
         del output
         step = self.current_step()
         if self.running and step >= self.last:

@@ -2,7 +2,8 @@
 
 On a terminal it rewrites one line, and other output to `sys.stdout` (the seed's `print_loss`)
 erases that line first, so it scrolls above instead of landing on it. Otherwise (CI, files) it
-prints a line at most every `interval_s` seconds and at the last step, so logs stay short.
+prints a line after the first device loop, at most every `interval_s` seconds and at the last
+step, so logs stay short: that rule is its schedule entry's trigger (`entry`).
 The rate, and so the ETA, is measured from the end of the first device loop on, which excludes
 the time to trace the step function.
 """
@@ -19,6 +20,7 @@ from typing import Any, TextIO
 import tensorflow as tf
 
 from orbitask.tasks import callbacks
+from orbitask.trainers.actions.schedule import Periodic
 from orbitask.trainers.actions.triggers import Trigger
 
 
@@ -28,14 +30,15 @@ def _format_eta(seconds: float) -> str:
 
 
 class ProgressAction:
-    """An Orbit train action that shows progress; it never ends a device loop by itself.
+    """Shows progress after the device loops its schedule entry (`entry`) is due at; it never
+    ends a device loop.
 
     Args:
       global_step: the trainer's step variable.
       total_steps: the step training stops at.
       stream: where to write (stdout by default).
       interval_s: minimum seconds between lines when `stream` is not a terminal (the seconds
-        rule of a `Trigger`; the first loop and the last step always print).
+        rule of the entry's `Trigger`; the first loop and the last step always print).
       clock: a `time.monotonic`-like function (injectable for tests).
       current_step: `current_step() -> int` after a loop (saves a read of `global_step`, an
         eager op); None reads the variable.
@@ -59,15 +62,27 @@ class ProgressAction:
         self.total_steps = total_steps
         self.stream = stream or sys.stdout
         self.clock = clock
-        self.lines = Trigger(every_secs=interval_s, clock=clock)  # a log stream's lines
+        self.interval_s = interval_s
         self._start: tuple[float, int] | None = None
         self._loops = 0
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.shown = False  # the terminal line is on screen and the cursor is at its end
 
-    def start(self) -> None:
-        """Marks the first step and time. Eager, before the first device loop; returns None."""
-        self._start = (self.clock(), int(self.global_step.numpy()))
+    def entry(self) -> Periodic:
+        """The `progress` entry of a schedule: on a terminal after every device loop; else after
+        the first loop, `interval_s` after the last line (this process's clock) and at the last
+        step. It marks the start before the first loop. Eager; returns the `Periodic`."""
+        when = None
+        if not self.tty:
+            last = (self.total_steps,) if self.total_steps else ()
+            when = Trigger(every_secs=self.interval_s, at_steps=last, clock=self.clock, first=True)
+        return Periodic("progress", self, when=when, local=True, at_start=self.start)
+
+    def start(self, step: int | None = None) -> None:
+        """Marks the first step (`step`; None reads `global_step`) and time. Eager, before the
+        first device loop; returns None."""
+        step = int(self.global_step.numpy()) if step is None else step
+        self._start = (self.clock(), step)
         self._loops = 0
 
     @contextlib.contextmanager
@@ -98,25 +113,18 @@ class ProgressAction:
         return f"step {step}/{self.total_steps}{epoch} | {rate:.1f} steps/s | ETA {eta}{loss_text}"
 
     def __call__(self, train_output: dict) -> None:
-        """Shows the line after a device loop (an Orbit train action, eager); returns None."""
+        """Shows the line after a device loop its entry is due at (eager); returns None."""
         step = self.current_step()
-        now = self.clock()
+        text = self.line(step, train_output)
         self._loops += 1
-        last = step >= self.total_steps
-        # A log stream between its lines formats nothing (this runs after every device loop).
-        lines = self.lines
-        quiet = not (self.tty or last or lines.last_step is None or lines.time_due(now))
-        text = None if quiet else self.line(step, train_output)
-        if self._loops == 1:
-            self._start = (now, step)  # later rates exclude the first loop, which traced the step
-        if quiet:
-            return
+        if self._loops == 1:  # later rates exclude the first loop, which traced the step
+            self._start = (self.clock(), step)
         if self.tty:
+            last = step >= self.total_steps
             self.stream.write("\r" + text.ljust(79) + ("\n" if last else ""))
             self.shown = not last
         else:
             self.stream.write(text + "\n")
-            lines.fired(step, now)
         self.stream.flush()
 
 

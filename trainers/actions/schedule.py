@@ -4,25 +4,29 @@ Each entry separates *what* from *when*, as CommonLoopUtils' `PeriodicAction` an
 `ConditionalAction` do: an action called with the device loop's output, a rule saying when it is
 due, and whether the rule's due steps end a device loop. The Controller asks the schedule how far
 the next device loop may run (`steps_until_due`) and, after the loop, runs the due entries in
-order (`run`). A training run's schedule, in order:
+order (`run`); before the first loop it runs each entry's `at_start` (`start`). A training run's
+schedule, in order:
 
 ```text
 entry            when                                              ends loops
 callbacks        each callback's every_steps / at_step / seconds    yes (deferred ones: no)
+metrics_window   multiples of metrics_window                       yes
 learning_rate    every loop (a rate a callback assigned lasts)
 results          every loop (the logs `run_experiment` returns)
-progress         every loop
-profiler         every loop (it starts and stops the trace)        at its window's edges
-nan_guard        every loop (a rollback precedes any checkpoint)
+progress         first loop, interval_s (local), last step; a terminal: every loop
+profiler         steps first-1 and last; at start inside the window yes
+nan_guard        condition: patience bad steps in a row (a rollback precedes any checkpoint)
 preemption       every loop (after SIGTERM: saves and stops)
-summaries        every loop (train/ scalars, the steps/sec line)
+summaries        every loop (keeps train/ scalars, the steps/sec line)
+summary_writes   first loop, the summary interval, 30 s (local)
 checkpoint       checkpoint_interval steps, checkpoint_seconds      yes
-evaluation       eval_interval steps and train_steps, eval_seconds  yes
+evaluation       at start (the first evaluation); eval_interval     yes
+                 steps and train_steps, eval_seconds
 ```
 
-The Controller adds `summaries`, `checkpoint` and, in `train_and_evaluate`, `evaluation`; the
-runner builds the others (`run.run_actions.train_entries`). A new periodic feature is one more
-entry.
+The Controller adds `summaries`, `summary_writes`, `checkpoint` and, in `train_and_evaluate`,
+`evaluation`; the runner builds the others (`run.run_actions.train_entries`). A new periodic
+feature is one more entry.
 
 Everything here is eager host Python on ints: it runs after every device loop.
 """
@@ -51,12 +55,18 @@ class Periodic:
         Anything else with `steps_until_due(step)` (a `CallbackAction`, the `Profiler`): the
         action runs after every loop and keeps its own finer rules. None: after every loop.
       ends_loop: device loops end at the step rules' due points (`when.steps_until_due`).
+      local: the seconds rule reads this process's clock alone (work only the chief does, or
+        that each worker does for itself); otherwise every worker runs it when any is due.
+      at_start: `at_start(step)` once before the first device loop, with the step training
+        starts from (`Schedule.start`); None: nothing.
     """
 
     name: str
     action: Callable[[dict], Any]
     when: Trigger | triggers.DuePoints | None = None
     ends_loop: bool = False
+    local: bool = False
+    at_start: Callable[[int], Any] | None = None
 
 
 class Schedule:
@@ -107,6 +117,15 @@ class Schedule:
         host Python, before every device loop."""
         return triggers.steps_until_any(self._ending, step)
 
+    def start(self, step: int) -> None:
+        """Before the first device loop: runs each entry's `at_start(step)`, in order. Eager;
+        None."""
+        for entry in self.entries:
+            if entry.at_start is not None:
+                self.running = entry.name
+                entry.at_start(step)
+        self.running = None
+
     def run(self, output: dict, start: int) -> None:
         """After a device loop that started at step `start`: runs every due entry, in order,
         with the loop's `output`, and records each `Trigger` entry's run. Eager; None."""
@@ -117,16 +136,17 @@ class Schedule:
                 entry.action(output)
                 continue
             step = self.current_step()
-            if self._due(when, start, step):
+            if self._due(entry, start, step):
                 entry.action(output)
                 when.fired(step)
         self.running = None
 
-    def _due(self, trigger: Trigger, start: int, step: int) -> bool:
-        # Step rules agree on every worker; the clock is this worker's.
-        if step > start and trigger.step_due(step, since=start):
+    def _due(self, entry: Periodic, start: int, step: int) -> bool:
+        # Step rules and states agree on every worker; the clock is this worker's.
+        trigger = entry.when
+        if (step > start and trigger.step_due(step, since=start)) or trigger.state_due():
             return True
         if trigger.every_secs is None:
             return False
         due = trigger.time_due()
-        return self.agree(due) if self.agree is not None else due
+        return self.agree(due) if self.agree is not None and not entry.local else due

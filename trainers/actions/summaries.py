@@ -17,6 +17,7 @@ import orbit
 import tensorflow as tf
 
 from orbitask.tasks.scalar_batch import ScalarBatch
+from orbitask.trainers.actions.schedule import Periodic
 from orbitask.trainers.actions.triggers import Trigger
 
 
@@ -53,15 +54,15 @@ class LoopSummaryManager(orbit.utils.SummaryManager):
     The Controller hands it every loop's output and flushes after every loop; eager scalar writes
     after every loop would slow quick models, so scalars are kept on the host, one point per loop at
     the loop's last step (in `scalars`, the writer's `tasks.scalar_batch.ScalarBatch`, where
-    `print_loss` keeps its points too), and written with one traced call for all tags after the
-    first loop, then whenever its `trigger` is due: a loop reached or passed a multiple of
-    `interval` since the last write, or `max_seconds` passed since then
-    (`Trigger(every_steps=interval, every_secs=max_seconds)`; loops do not end for it). Those
-    periodic writes (and their flush) run on a background thread, overlapping the next device loop;
-    `write_pending` writes the rest and waits for them (the runner calls it at the end, also on
-    SIGTERM and errors). `current_step() -> int` gives the step after a loop without reading
-    `global_step` (an eager op); None reads it. `clock` is the trigger's `time.monotonic`-like clock
-    (injectable for tests). Other values (images, nested dicts) are written at once, as Orbit does.
+    `print_loss` keeps its points too), and written with one traced call for all tags by the
+    `summary_writes` entry of the schedule (`entry`): after the first loop, then whenever a loop
+    reached or passed a multiple of `interval`, or `max_seconds` passed since the last write
+    (its `trigger`; loops do not end for it). Those writes (and their flush) run on a background
+    thread, overlapping the next device loop; `write_pending` writes the rest and waits for them
+    (the runner calls it at the end, also on SIGTERM and errors). `current_step() -> int` gives
+    the step after a loop without reading `global_step` (an eager op); None reads it. `clock` is
+    the trigger's `time.monotonic`-like clock (injectable for tests). Other values (images,
+    nested dicts) are written at once, as Orbit does.
     """
 
     def __init__(
@@ -77,7 +78,9 @@ class LoopSummaryManager(orbit.utils.SummaryManager):
         super().__init__(summary_dir, summary_fn, global_step)
         self.enabled = summary_dir is not None  # as Orbit decides: no directory, no summaries
         self.current_step = current_step or (lambda: int(global_step.numpy()))
-        self.trigger = Trigger(every_steps=interval, every_secs=max_seconds, clock=clock)
+        self.trigger = Trigger(
+            every_steps=interval, every_secs=max_seconds, clock=clock, first=True
+        )
         self._unflushed = False
         self._thread: ThreadPoolExecutor | None = None
         self._pending: list[Future] = []
@@ -86,8 +89,13 @@ class LoopSummaryManager(orbit.utils.SummaryManager):
         if self.enabled:  # trace the writer now, in setup, not in the first loop's host work
             self.scalars.write((), (), ())
 
+    def entry(self) -> Periodic:
+        """The `summary_writes` entry: writes the kept scalars when `trigger` is due (this
+        process's clock). Eager; returns the `Periodic`."""
+        return Periodic("summary_writes", self.write_batch, when=self.trigger, local=True)
+
     def write_summaries(self, summary_dict) -> None:
-        """Keeps the scalars of `summary_dict` (eager); writes due ones. Returns None."""
+        """Keeps the scalars of `summary_dict`, writes other values (eager). Returns None."""
         if not self.enabled:
             # No summaries here (a non-chief worker): drop what callbacks kept for the writer.
             self.scalars.write_kept(write=False)
@@ -106,16 +114,17 @@ class LoopSummaryManager(orbit.utils.SummaryManager):
         if others:
             super().write_summaries(others)
             self._unflushed = True
-        trigger = self.trigger
-        if trigger.last_step is None or trigger.due(step, since=trigger.last_step):
-            self._write_in_background(step)
 
-    def _write_in_background(self, step: int) -> None:
+    def write_batch(self, output: dict | None = None) -> None:
+        """The `summary_writes` action: writes the kept scalars on a background thread (eager;
+        `output` unused). Returns None."""
+        del output
+        if not self.enabled:
+            return
         for done in [f for f in self._pending if f.done()]:
             self._pending.remove(done)
             done.result()  # a failed write (e.g. a full disk) raises here
         kept = self.scalars.take()
-        self.trigger.fired(step)
         if kept is None:
             return
         if self._thread is None:

@@ -29,7 +29,8 @@ class DuePoints(Protocol):
 
 
 class Trigger:
-    """Due at multiples of `every_steps`, at each of `at_steps`, or `every_secs` after it fired.
+    """Due at multiples of `every_steps`, at each of `at_steps`, `every_secs` after it fired,
+    before it first fired (`first`), or while `condition()` holds.
 
     `due(step)` asks; `fired(step)` records that the work ran (it restarts the seconds clock).
     The step rules are pure functions of the step, so every worker of a multi-worker run agrees
@@ -42,6 +43,9 @@ class Trigger:
         construction before that; None: never.
       at_steps: positive int steps where it is due once each.
       clock: a `time.monotonic`-like function returning seconds (injectable for tests).
+      first: also due whenever it has not fired at a step yet (the first device loop).
+      condition: `condition() -> bool`, also due while it returns True (a state the device
+        loop left, e.g. the NaN guard's streak); None: no such rule.
 
     Raises:
       ConfigError: (a ValueError and TypeError) naming the argument and the value received.
@@ -53,6 +57,8 @@ class Trigger:
         every_secs: float | None = None,
         at_steps: Iterable[int] = (),
         clock: Callable[[], float] = time.monotonic,
+        first: bool = False,
+        condition: Callable[[], bool] | None = None,
     ):
         require(POSITIVE_INT.or_none(), every_steps, "`Trigger(every_steps=...)`")
         if every_secs is not None and (
@@ -74,13 +80,15 @@ class Trigger:
         self.at_steps = tuple(sorted(set(at_steps)))
         self._at = frozenset(self.at_steps)
         self.clock = clock
+        self.first = first
+        self.condition = condition
         self.last_step: int | None = None  # the step of the last `fired`, None before
         self.last_time = clock()  # the time of the last `fired`, or of construction
 
     def __repr__(self) -> str:
         return (
             f"Trigger(every_steps={self.every_steps!r}, every_secs={self.every_secs!r}, "
-            f"at_steps={list(self.at_steps)!r})"
+            f"at_steps={list(self.at_steps)!r}, first={self.first!r})"
         )
 
     def step_due(self, step: int, since: int | None = None) -> bool:
@@ -105,6 +113,13 @@ class Trigger:
         if self.at_steps:
             return bisect_right(self.at_steps, step) != bisect_right(self.at_steps, since)
         return False
+
+    def state_due(self) -> bool:
+        """Whether `first` (it has not fired at a step yet) or `condition()` makes it due.
+        Eager host Python; returns a bool."""
+        if self.first and self.last_step is None:
+            return True
+        return self.condition is not None and bool(self.condition())
 
     def time_due(self, now: float | None = None) -> bool:
         """Whether `every_secs` passed since the last `fired` (or construction). Eager host Python.
@@ -132,9 +147,9 @@ class Trigger:
           now: see `time_due`.
 
         Returns:
-          `step_due(step, since) or time_due(now)`.
+          `step_due(step, since) or state_due() or time_due(now)`.
         """
-        if self.step_due(step, since):
+        if self.step_due(step, since) or self.state_due():
             return True
         return self.every_secs is not None and self.time_due(now)
 

@@ -22,6 +22,8 @@ import tensorflow as tf
 from absl import logging
 
 from orbitask.common import setting_rules
+from orbitask.trainers.actions.schedule import Periodic
+from orbitask.trainers.actions.triggers import Trigger
 from orbitask.trainers.errors import ConfigError, NonFiniteLossError
 
 SPIKE_HORIZON = 100  # accepted losses in the recent average (the EMA's 1 / weight)
@@ -132,16 +134,23 @@ class NanGuard:
         """
         return self.streak >= self.patience
 
-    def action(self, checkpoint, manager, strategy, global_step, trainer):
-        """Returns the train action (eager, after each device loop) calling `after_loop`; after
-        a rollback it sets `trainer.last_step` to the restored step."""
+    def entry(self, checkpoint, manager, strategy, global_step, trainer) -> Periodic:
+        """The `nan_guard` entry of a schedule: after a device loop that left `patience` bad
+        steps in a row (its trigger's condition, one read of `streak`), rolls back or stops
+        (`after_loop`) and sets `trainer.last_step` to the restored step. Eager; returns the
+        `Periodic`."""
 
-        def roll_back_if_due(train_output) -> None:
+        def roll_back(train_output) -> None:
             del train_output
             if self.after_loop(checkpoint, manager, strategy, global_step):
                 trainer.last_step = int(global_step.numpy())
 
-        return roll_back_if_due
+        return Periodic("nan_guard", roll_back, when=Trigger(condition=self.is_tripped))
+
+    def is_tripped(self) -> bool:
+        """Returns whether the last device loop left `patience` bad steps in a row (a bool).
+        Eager, one read of `streak`."""
+        return int(self.streak.numpy()) >= self.patience
 
     def after_loop(self, checkpoint, manager, strategy, global_step) -> bool:
         """Eager, after each device loop and before any save: rolls back or stops.
@@ -151,7 +160,7 @@ class NanGuard:
         Raises:
           NonFiniteLossError: when the rollbacks are used up or there is no checkpoint.
         """
-        if int(self.streak.numpy()) < self.patience:
+        if not self.is_tripped():
             return False
         step = int(global_step.numpy())
         bad = "not finite"

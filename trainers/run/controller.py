@@ -111,11 +111,14 @@ class Controller(orbit.Controller):
         if evaluated_step is not None:
             self._recorded = int(evaluated_step.numpy())
         self._loop_end = 0  # the step the last device loop ended at, before any entry ran
+        manager = getattr(self, "summary_manager", None)  # none without a trainer
+        writes = getattr(manager, "entry", None)  # a `LoopSummaryManager`'s
         self.schedule = Schedule(
             [
                 *periodic,
                 Periodic("train_actions", self._run_train_actions),
                 Periodic("summaries", self._write_summaries),
+                *([writes()] if writes is not None else []),
                 self._checkpoint_entry(),
             ],
             current_step=self._step_now,
@@ -127,6 +130,7 @@ class Controller(orbit.Controller):
         device loop ending where a loop-ending entry of the schedule is due. Eager."""
         self._require("trainer", for_method="train")
         step = int(self.global_step.numpy())
+        self.schedule.start(step)
         while step < steps:
             length = self._loop_steps
             length = length(step) if callable(length) else length
@@ -154,27 +158,28 @@ class Controller(orbit.Controller):
         logs (None if none ran)."""
         self._require("trainer", for_method="train_and_evaluate")
         self._require("evaluator", for_method="train_and_evaluate")
-        output = None
-        step = int(self.global_step.numpy())
-        evaluated = self._evaluated
-        if evaluated is None or int(evaluated.numpy()) < 0:
-            # No record (a fresh run, or a checkpoint of --mode=train): the schedule starts here.
-            if self._eval_at_start:
-                output = self.evaluate(steps=eval_steps)  # the baseline; recorded at `step`
-            elif evaluated is not None:
-                evaluated.assign(step)
-        else:
-            due = evaluation_points.last_eval_point(step, train_steps, eval_interval)
-            if due > int(evaluated.numpy()):
-                logging.info("evaluation of step %d not recorded: evaluating at %d", due, step)
-                output = self.evaluate(steps=eval_steps)
-        outputs = [output]
+        evaluated, outputs = self._evaluated, [None]
 
         def evaluate(_: dict) -> None:
             self._sync_on_async_checkpointing()  # the best export copies the newest checkpoint
             outputs.append(self.evaluate(steps=eval_steps))
 
-        entry = evaluation_entry(evaluate, train_steps, eval_interval, eval_seconds)
+        def first_evaluation(step: int) -> None:
+            if evaluated is None or int(evaluated.numpy()) < 0:
+                # No record (a fresh run, or a checkpoint of --mode=train): it starts here.
+                if self._eval_at_start:
+                    evaluate({})  # the baseline; recorded at `step`
+                elif evaluated is not None:
+                    evaluated.assign(step)
+                return
+            due = evaluation_points.last_eval_point(step, train_steps, eval_interval)
+            if due > int(evaluated.numpy()):
+                logging.info("evaluation of step %d not recorded: evaluating at %d", due, step)
+                evaluate({})
+
+        entry = evaluation_entry(
+            evaluate, train_steps, eval_interval, eval_seconds, at_start=first_evaluation
+        )
         with self.schedule.including(entry):
             self.train(train_steps, checkpoint_at_completion=False)
         output = outputs[-1]

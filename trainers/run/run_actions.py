@@ -57,14 +57,14 @@ def train_entries(
     lr_control: LearningRate,
     progress: ProgressAction | None,
     profiler: Profiler | None,
-    nan_guard: Callable[[dict], None] | None,
+    nan_guard: Periodic | None,
     preemption: PreemptionWatcher,
     model_dir_check: Callable[[], None] | None = None,
     metrics_window: int | None = None,
 ) -> list[Periodic]:
     """The run's entries of the Controller's schedule, in order (`actions.schedule`):
     `callbacks` (their triggers end loops), a schedule's rate they assigned, `keep_logs`,
-    progress, the profiler (its window ends loops), the NaN guard's action, SIGTERM's
+    progress, the profiler (its window ends loops), the NaN guard's entry, SIGTERM's
     `preemption`, `model_dir_check` (None: none); device loops also end at the multiples of
     `metrics_window`, where the train metrics restart. The Controller's summaries, checkpoint
     and evaluation follow them."""
@@ -76,12 +76,11 @@ def train_entries(
         entries.append(Periodic("learning_rate", lr_control.keep_assigned))
     entries.append(Periodic("results", keep_logs))
     if progress is not None:
-        entries.append(Periodic("progress", progress))
+        entries.append(progress.entry())
     if profiler is not None:
-        entries.append(Periodic("profiler", profiler, when=profiler, ends_loop=True))
+        entries.append(profiler.entry())
     if nan_guard is not None:
-        # Before the Controller's checkpoint: a rollback must precede any save.
-        entries.append(Periodic("nan_guard", nan_guard))
+        entries.append(nan_guard)  # before the Controller's checkpoint: a rollback precedes it
     entries.append(Periodic("preemption", preemption))  # saves the state the others left
     if model_dir_check is not None:  # before anything writes into the model directory
         entries.append(Periodic("model_dir", lambda _: model_dir_check()))

@@ -279,7 +279,7 @@ class ExperimentRunner(ModeRunning):
         SIGTERM."""
         objects, state, nan_guard = self.objects, self.checkpointing, self.objects.nan_guard
         if nan_guard is not None:
-            nan_guard = nan_guard.action(
+            nan_guard = nan_guard.entry(
                 state.checkpoint, state.manager, self.strategy, objects.global_step, self.trainer
             )
         return run_actions.train_entries(

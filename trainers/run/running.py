@@ -217,10 +217,6 @@ class ModeRunning:
     def _run_mode(self) -> dict:
         eval_settings, global_step = self.settings.evaluation, self.objects.global_step
         control = self._validation_control()  # the run's own, built copy
-        if self.progress:
-            self.progress.start()
-        if self.profiler:
-            self.profiler.start_if_due(self._step_now())
         if self.training and control is not None and control.stopped():
             raise EarlyStop(f"already stopped early at step {int(global_step.numpy())}")
         step = self._step_now()
