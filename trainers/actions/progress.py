@@ -78,10 +78,9 @@ class ProgressAction:
             when = Trigger(every_secs=self.interval_s, at_steps=last, clock=self.clock, first=True)
         return Periodic("progress", self, when=when, local=True, at_start=self.start)
 
-    def start(self, step: int | None = None) -> None:
-        """Marks the first step (`step`; None reads `global_step`) and time. Eager, before the
+    def start(self, step: int) -> None:
+        """Marks the first step (`step`) and time: the entry's `at_start`. Eager, before the
         first device loop; returns None."""
-        step = int(self.global_step.numpy()) if step is None else step
         self._start = (self.clock(), step)
         self._loops = 0
 
