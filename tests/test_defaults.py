@@ -89,3 +89,24 @@ def test_run_experiment_takes_each_default_from_the_settings_groups():
     del groups["train_steps"]
     assert {k: effect[k] for k in groups} == groups
     assert set(effect) - set(groups) == {"eval_checkpoint", "fast_dev_run", "output_dir", "params"}
+
+
+def test_every_run_experiment_argument_reaches_its_group_by_name(monkeypatch):
+    """Each argument lands in the group field of its name: a distinct value given to every one
+    comes back from the settings the runner receives, and none is a group's default."""
+    from orbitask.trainers.run import experiment
+
+    received = {}
+
+    class Capture:  # the runner's place: what run_experiment hands on
+        def __init__(self, task, model_dir, mode, settings, **kwargs):
+            received.update(settings=settings, mode=mode)
+
+        def run(self):
+            return {}
+
+    monkeypatch.setattr(experiment, "ExperimentRunner", Capture)
+    given = {name: f"value of {name}" for name in settings.defaults()}
+    experiment.run_experiment(task=object(), model_dir="unused", mode="train", **given)
+    assert received["mode"] == "train"
+    assert settings.flat(received["settings"]) == given

@@ -15,7 +15,6 @@ from typing import Any
 
 import tensorflow as tf
 
-from orbitask.common import keras_compat
 from orbitask.tasks import step_tensors
 
 
@@ -61,12 +60,12 @@ class KeptStep:
         trainer = self.trainer
         step = trainer.step
         record = trainer._history_row if trainer.record_history else None
-        sync = trainer.copies_learning_rate_in_loop and trainer.objects.lr_follows
+        sync = trainer.copies_learning_rate_in_loop
 
         @tf.function
         def kept(iterator):
             if sync:
-                keras_compat.sync_learning_rate(trainer.optimizer, trainer.lr)
+                trainer.objects.learning_rate.sync(trainer.optimizer)
             with step_tensors.keeping() as box:
                 logs = step(iterator)
             history = tf.stack([record(logs)]) if record else None

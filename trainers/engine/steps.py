@@ -2,7 +2,7 @@
 
     step(iterator):                              # cross-replica context, traced
       batch = ReplicaBatches(iterator)           # one element per local replica (x K micro-steps)
-      schedule.step_update(step, optimizer)      # only with a learning-rate schedule
+      learning_rate.step_update(step, optimizer) # only with a learning-rate schedule
       logs = body(batch)                         # PlainBody | GuardedBody
       return Finish(logs)                        # replica mean of logs, EMA, step += 1
 
@@ -37,12 +37,16 @@ class TaskObjects:
     model: Any
     optimizer: Any
     loss_fn: Any
-    lr: tf.Variable
+    learning_rate: Any  # `trainers.features.learning_rate.LearningRate`, the rate's owner
     global_step: tf.Variable
     global_batch_size: int
     train_metrics: list = dataclasses.field(default_factory=list)
     eval_metrics: list = dataclasses.field(default_factory=list)
-    lr_follows: bool = True  # the optimizer(s) take `lr` (`LearningRate.reconcile`)
+
+    @property
+    def lr(self) -> tf.Variable:
+        """The learning-rate variable the stages get as `lr`."""
+        return self.learning_rate.lr
 
 
 class ReplicaUpdate:
@@ -228,8 +232,6 @@ class TrainStep:
     Args:
       objects: the task's built objects.
       accumulation: batches per optimizer update (K).
-      schedule: a `trainers.features.learning_rate.LearningRate` whose schedule sets the rate at
-        every step, or None.
       nan_guard: a built `trainers.NanGuard`, or None (the seed's behaviour).
       loss_scale: a `trainers.features.precision.DynamicLossScale` (float16), or None.
       ema: a built `trainers.ExponentialMovingAverage`, or None.
@@ -240,7 +242,6 @@ class TrainStep:
         self,
         objects: TaskObjects,
         accumulation: int = 1,
-        schedule: Any = None,
         nan_guard: Any = None,
         loss_scale: Any = None,
         ema: Any = None,
@@ -248,7 +249,8 @@ class TrainStep:
     ):
         strategy = objects.strategy
         self.objects = objects
-        self.schedule = schedule
+        learning_rate = objects.learning_rate
+        self.schedule = learning_rate if learning_rate.schedule is not None else None
         rule = replica_logs.convention(objects.task)
         if replica_logs.undeclared(objects.task, strategy.num_replicas_in_sync):
             logging.warning(

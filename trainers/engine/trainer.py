@@ -5,7 +5,8 @@ Hook order, as the Controller drives it::
     train(num_steps):                           # one device loop, num_steps from steps_per_loop
       train_loop_begin()                        # eager: reset metrics, rebuild the step fn
                                                 #   if trainable vars changed
-      copy lr into the optimizer                # traced, first in the loop function
+      learning_rate.sync(optimizer)             # traced, first in the loop function: `lr`
+                                                #   into the optimizer when it owns the rate
       repeat num_steps times (tf.while_loop in one tf.function; the step's only trace in it,
                               so loops of any length run the same ops):
         logs = step(train_iterator)             # steps.TrainStep: batches to replicas,
@@ -187,14 +188,14 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         guard = self.nan_guard
         self.step.reset()  # a new loop function retraces the step, compiled parts included
         record = self._history_row if self.record_history else None
-        sync = self.copies_learning_rate_in_loop and self.objects.lr_follows
+        sync = self.copies_learning_rate_in_loop
 
         if not self._use_tf_while_loop:
             step_fn = tf.function(step)
 
             def python_loop(iterator, num_steps):
                 if sync:
-                    keras_compat.sync_learning_rate(self.optimizer, self.lr)
+                    self.objects.learning_rate.sync(self.optimizer)
                 logs = step_fn(iterator)
                 rows = [record(logs)] if record else []
                 for _ in range(int(num_steps) - 1):
@@ -216,7 +217,7 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         @tf.function
         def loop(iterator, num_steps):
             if sync:
-                keras_compat.sync_learning_rate(self.optimizer, self.lr)
+                self.objects.learning_rate.sync(self.optimizer)
             logs, invariants = _logs_before_first_step(step, iterator, self._loop)
             i = tf.zeros_like(num_steps)
             while more(i, num_steps):  # a tripped NaN guard hands over to the host
@@ -228,7 +229,7 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         @tf.function
         def recording_loop(iterator, num_steps):
             if sync:
-                keras_compat.sync_learning_rate(self.optimizer, self.lr)
+                self.objects.learning_rate.sync(self.optimizer)
             logs, invariants = _logs_before_first_step(step, iterator, self._loop)
             history = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
             i = tf.zeros_like(num_steps)
@@ -260,8 +261,8 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         """Eager, before each device loop: lr into the optimizer, metrics reset (at a window's
         start), each replica's own seeds, retrace check. Returns None.
         """
-        if not self.copies_learning_rate_in_loop and self.objects.lr_follows:
-            keras_compat.sync_learning_rate(self.optimizer, self.lr)
+        if not self.copies_learning_rate_in_loop:
+            self.objects.learning_rate.sync(self.optimizer)
         window = self.metrics_window
         if window is None or self.step_now() % window == 0:
             for metric in self.train_metrics:

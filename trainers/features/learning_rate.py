@@ -5,13 +5,17 @@ and the optimizer at every step (in the device loop, so no host work). Halving o
 validation multiplies `factor` by 0.5 (nabu's `learning_rate_fact`). Without a schedule, `lr`
 itself is the rate (callbacks may assign it) and halving scales it.
 
-Whose rate a run uses (`LearningRate.reconcile`): with `run_experiment.learning_rate` unset, the
-optimizer's own (`build_optimizer`'s default Nadam gets 1e-3); with it set, that setting, and one
-line says so when the optimizer was built with another rate. A dict of optimizers with different
-own rates keeps each one's rate: `lr` is then not copied into them, and halving scales each. An
-optimizer whose own schedule sets its rate (Model Garden's `create_optimizer`) keeps it, times
-`factor`: `lr` reads that rate at every step, and halving scales it. Under either schedule a
-callback's assignment to `lr` scales the schedule from then on (`keep_assigned`).
+One object owns the rate: `LearningRate`, built from `run_experiment.learning_rate` and held
+under that name from the settings to the trainer (`RunObjects.learning_rate`,
+`TaskObjects.learning_rate`); the variable it sets is `lr`, the name the stages and callbacks
+get it by. Whose rate a run uses is its `owner`, decided once by `decide_owner`: with
+`run_experiment.learning_rate` unset, the optimizer's own (`build_optimizer`'s default Nadam gets
+1e-3); with it set, that setting, and one line says so when the optimizer was built with another
+rate. A dict of optimizers with different own rates keeps each one's rate: `lr` is then not
+copied into them, and halving scales each. An optimizer whose own schedule sets its rate (Model
+Garden's `create_optimizer`) keeps it, times `factor`: `lr` reads that rate at every step, and
+halving scales it. Under either schedule a callback's assignment to `lr` scales the schedule from
+then on (`keep_assigned`).
 """
 
 from __future__ import annotations
@@ -147,19 +151,31 @@ class _Constant(tf_keras.optimizers.schedules.LearningRateSchedule):
 
 
 class LearningRate:
-    """The checkpointed rate `lr`, an optional schedule and the factor that halving scales.
+    """The run's learning rate, its one owner: the checkpointed variable `lr`, an optional
+    schedule, the factor that halving scales, and whose rate applies (`owner`).
 
     Args:
-      lr: the learning-rate variable (checkpointed, shown to callbacks).
+      lr: the learning-rate variable (checkpointed; the stages and callbacks get it as `lr`).
       schedule: a `step -> rate` callable, or None.
+      setting: `run_experiment.learning_rate` as given (None: unset).
+
+    `owner` says whose rate the run uses, decided once by `decide_owner`:
+      "lr": the variable `lr` (the setting, or the optimizer's one rate taken over): the loop
+        copies it into the optimizer(s), a callback may assign it and halving scales it.
+      "optimizers": a dict of optimizers with different own rates: each keeps its own, and
+        halving scales each.
+      "optimizer_schedule": the optimizer's own schedule, times `factor`; `lr` reads that rate
+        at every step.
     """
 
-    def __init__(self, lr: tf.Variable, schedule: Any = None):
+    OWNERS = ("lr", "optimizers", "optimizer_schedule")
+
+    def __init__(self, lr: tf.Variable, schedule: Any = None, setting: Any = None):
         self.lr = lr
         self.schedule = schedule
-        self.follows = True  # the loop copies `lr` into the optimizer(s); see `reconcile`
-        self.own_schedule = False  # the optimizer's own schedule sets the rate; `lr` reads it
-        self._own_rates: list = []  # optimizers' own rate variables, when they do not follow
+        self.setting = setting
+        self.owner = "lr"
+        self._own_rates: list = []  # the optimizers' own rate variables, owner "optimizers"
         self.factor = tf.Variable(
             1.0,
             trainable=False,
@@ -171,36 +187,47 @@ class LearningRate:
     def create(cls, learning_rate: Any) -> LearningRate:
         """Returns a `LearningRate` with a new `lr` variable. Eager, in the strategy's scope.
 
-        `learning_rate` is a float, a `step -> rate` schedule (then `lr` starts at
-        `schedule(0)`), or None (then `lr` starts at `DEFAULT_RATE` until `reconcile`).
+        `learning_rate` is `run_experiment.learning_rate`: a float, a `step -> rate` schedule
+        (then `lr` starts at `schedule(0)`), or None (then `lr` starts at `DEFAULT_RATE` until
+        `decide_owner`).
         """
-        if learning_rate is None:
-            learning_rate = DEFAULT_RATE
-        schedule = learning_rate if callable(learning_rate) else None
+        value = DEFAULT_RATE if learning_rate is None else learning_rate
+        schedule = value if callable(value) else None
         lr = tf.Variable(
-            float(schedule(0)) if schedule else float(learning_rate),
+            float(schedule(0)) if schedule else float(value),
             trainable=False,
             dtype=tf.float32,
             name="learning_rate",
             aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
         )
-        return cls(lr, schedule)
+        return cls(lr, schedule, learning_rate)
+
+    def sync(self, optimizer: Any) -> None:
+        """Copies `lr` into the optimizer(s) when `lr` owns the rate. Traced (first in each
+        device loop) or eager; returns None."""
+        if self.owner == "lr":
+            keras_compat.sync_learning_rate(optimizer, self.lr)
 
     def step_update(self, global_step: tf.Variable, optimizer: Any) -> None:
         """Traced, cross-replica, before each step: lr = schedule(step) * factor -> optimizer."""
         if self.schedule is None:
             return
         value = tf.cast(self.schedule(global_step), tf.float32)
-        if not self.own_schedule:  # the optimizer's own is scaled already (`scale_schedule`)
+        if self.owner != "optimizer_schedule":  # that one is scaled already (`scale_schedule`)
             value *= self.factor
         self.lr.assign(value)
         keras_compat.sync_learning_rate(optimizer, self.lr)
 
-    def reconcile(self, optimizer: Any, requested: Any) -> None:
-        """Decides whose rate the run uses (module docstring). Eager, once, after the optimizer
-        is built with `lr`'s value; returns None, printing one line when the two disagree."""
+    def decide_owner(self, optimizer: Any) -> None:
+        """Decides whose rate the run uses (`owner`; module docstring). Eager, once, after the
+        optimizer is built with `lr`'s value; returns None, printing one line when the setting
+        replaces another rate of the optimizer's.
+
+        Raises:
+          ConfigError: when the setting is given and the optimizer follows its own schedule.
+        """
         if (rate := keras_compat.scheduled_rate(optimizer)) is not None:
-            self._follow_optimizer(optimizer, rate, requested)
+            self._follow_optimizer(optimizer, rate)
             return
         variables = keras_compat.learning_rate_variable(optimizer)
         named = variables if isinstance(variables, dict) else {"": variables}
@@ -210,7 +237,7 @@ class LearningRate:
         if not differing:
             return
         rates = ", ".join(f"{k}: {r:.4g}" if k else f"{r:.4g}" for k, r in sorted(own.items()))
-        if requested is not None:
+        if self.setting is not None:
             print(
                 f"orbitask: run_experiment.learning_rate ({given:.4g}) replaces the rate "
                 f"build_optimizer gave the optimizer ({rates}); unset run_experiment."
@@ -221,13 +248,13 @@ class LearningRate:
         if len(set(own.values())) == 1:  # the optimizer's own rate becomes the run's
             self.lr.assign(next(iter(own.values())))
             return
-        self.follows = False  # different rates in a dict: each keeps its own
+        self.owner = "optimizers"  # different rates in a dict: each keeps its own
         self._own_rates = [v for v in named.values() if v is not None]
 
-    def _follow_optimizer(self, optimizer: Any, rate: Any, requested: Any) -> None:
+    def _follow_optimizer(self, optimizer: Any, rate: Any) -> None:
         """The optimizer's own schedule, times `factor`, sets the rate: `lr` reads it at every
         step. Eager."""
-        if requested is not None:
+        if self.setting is not None:
             raise ConfigError(
                 "run_experiment.learning_rate is set, and the optimizer (build_optimizer's, or "
                 "a Model Garden ExperimentConfig's) follows a learning-rate schedule of its own, "
@@ -236,8 +263,7 @@ class LearningRate:
             )
         keras_compat.scale_schedule(optimizer, self.factor)  # halving scales its rates
         self.schedule = lambda step: rate()
-        self.follows = False
-        self.own_schedule = True
+        self.owner = "optimizer_schedule"
         self.lr.assign(rate())
 
     def keep_assigned(self, train_output: dict) -> None:

@@ -48,7 +48,8 @@ class RunObjects:
       model: the task's model (or dict of models).
       loss_fn: the task's loss; None when no step of the run calls it.
       global_step: the run's step variable.
-      lr_control: the learning rate's variable, schedule and factor.
+      learning_rate: the run's learning rate (`LearningRate`: its variable `lr`, schedule,
+        factor and owner).
       optimizer: the task's optimizer (or dict of optimizers).
       train_metrics: the training metrics; empty when the run does not train.
       eval_metrics: the validation metrics; empty when the run does not evaluate.
@@ -60,7 +61,7 @@ class RunObjects:
     model: Any
     loss_fn: Any
     global_step: tf.Variable
-    lr_control: LearningRate
+    learning_rate: LearningRate
     optimizer: Any
     train_metrics: list
     eval_metrics: list
@@ -71,7 +72,7 @@ class RunObjects:
     @property
     def lr(self) -> tf.Variable:
         """The learning-rate variable the steps read."""
-        return self.lr_control.lr
+        return self.learning_rate.lr
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,10 +121,10 @@ def build_objects(task: Any, settings: Settings, training: bool, evaluating: boo
     needed = preflight.needs_losses(task, training, evaluating)
     loss_fn = task.build_losses() if needed else None
     global_step = orbit.utils.create_global_step()
-    lr_control = LearningRate.create(loop.learning_rate)
+    learning_rate = LearningRate.create(loop.learning_rate)
     with _flavour(task, flavour):  # the built model's, for build_optimizer
-        optimizer = task.build_optimizer(float(lr_control.lr.numpy()))
-    lr_control.reconcile(optimizer, loop.learning_rate)
+        optimizer = task.build_optimizer(float(learning_rate.lr.numpy()))
+    learning_rate.decide_owner(optimizer)
     keras_compat.check_matching(model, optimizer)
     train_metrics = task.build_metrics(training=True) if training else []
     eval_metrics = task.build_metrics(training=False) if evaluating else []
@@ -137,7 +138,7 @@ def build_objects(task: Any, settings: Settings, training: bool, evaluating: boo
         model=model,
         loss_fn=loss_fn,
         global_step=global_step,
-        lr_control=lr_control,
+        learning_rate=learning_rate,
         optimizer=optimizer,
         train_metrics=train_metrics,
         eval_metrics=eval_metrics,
@@ -280,14 +281,12 @@ def build_trainer(
     per_replica = loop.global_batch_size // strategy.num_replicas_in_sync
     loss_fn = loss_share.for_steps(task, strategy, objects, train_input, eval_dataset, per_replica)
     task_objects = TaskObjects(
-        task, strategy, objects.model, objects.optimizer, loss_fn, objects.lr,
-        objects.global_step, loop.global_batch_size, objects.train_metrics,
-        objects.eval_metrics, objects.lr_control.follows,
+        task, strategy, objects.model, objects.optimizer, loss_fn, objects.learning_rate,
+        objects.global_step, loop.global_batch_size, objects.train_metrics, objects.eval_metrics,
     )  # fmt: skip
     step = TrainStep(
         task_objects,
         accumulation=loop.gradient_accumulation_steps,
-        schedule=objects.lr_control if objects.lr_control.schedule else None,
         nan_guard=objects.nan_guard,
         loss_scale=objects.loss_scale,
         ema=objects.ema,

@@ -33,7 +33,7 @@ def checkpointed_state(
     loss scale, NaN guard, `validation_control` (None: none), the last evaluated step, the
     random state and the train metrics. Eager, in the strategy's scope; returns
     `{name: trackable}`."""
-    state = {"learning_rate_factor": objects.lr_control.factor}
+    state = {"learning_rate_factor": objects.learning_rate.factor}
     ema = objects.ema
     if ema is not None:
         state["ema"] = ema.build(objects.model)
@@ -151,7 +151,7 @@ def record_start(model_dir: str, objects: RunObjects, state: Checkpointing, summ
     Eager, the chief."""
     step = int(objects.global_step.numpy())
     resumed = state.manager.latest_checkpoint is not None
-    lr_now = float(objects.lr.numpy()) if objects.lr_control.schedule is None else None
+    lr_now = float(objects.lr.numpy()) if objects.learning_rate.schedule is None else None
     for line in settings_record.record(model_dir, step, resumed, lr_now):
         messages.say(line)
     evaluated = getattr(state.checkpoint, "evaluated_step", None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tempfile
+from dataclasses import replace
 from typing import Any
 
 import gin
@@ -11,7 +12,15 @@ from orbitask.common import setting_rules
 from orbitask.tasks import model_garden
 from orbitask.trainers.run import messages, predicting
 from orbitask.trainers.run.runner import ExperimentRunner
-from orbitask.trainers.run.settings import Settings, defaults
+from orbitask.trainers.run.settings import (
+    CheckpointSettings,
+    DistributionSettings,
+    EvalSettings,
+    FeatureSettings,
+    LoopSettings,
+    Settings,
+    defaults,
+)
 
 _D = defaults()  # every setting's default has one home: the settings' groups
 
@@ -73,39 +82,70 @@ def run_experiment(
     `model_dir`; predict: `predictions/` goes there), so that `model_dir` may be read-only.
     `fast_dev_run`: one training step and one evaluation step (`fast_dev_run`; predict: one
     prediction step), nothing written to `model_dir`. Every other argument is the
-    field of that name of one group in `settings` (`LoopSettings`, ...), documented there;
-    configs/defaults.gin lists them all.
+    field of that name of one group in `settings` (`LoopSettings`, ...), documented there, and
+    is handed to it by name below; configs/defaults.gin lists them all.
 
     Returns `{"train": logs, "eval": logs}`, plus `"export"` (the SavedModel folder) when one
     was written, `"evaluated"` (`{"checkpoint", "step", "eval"}` each) for eval_checkpoint or
     eval_all. Raises `ConfigError` for a bad setting, before any work.
     """
-    flat = dict(locals())
-    task, model_dir, mode = flat.pop("task"), flat.pop("model_dir"), flat.pop("mode")
-    params, eval_checkpoint = flat.pop("params"), flat.pop("eval_checkpoint")
-    output_dir, quick = flat.pop("output_dir"), flat.pop("fast_dev_run")
-    setting_rules.check("run_experiment", {"fast_dev_run": quick})
+    setting_rules.check("run_experiment", {"fast_dev_run": fast_dev_run})
+    if train_epochs is not None and train_steps is gin.REQUIRED:
+        train_steps = None  # epochs set: TRAIN_STEPS need not be
+    settings = Settings(
+        loop=LoopSettings(
+            train_steps=train_steps, train_epochs=train_epochs,
+            global_batch_size=global_batch_size, learning_rate=learning_rate,
+            steps_per_loop=steps_per_loop, loop_seconds=loop_seconds,
+            metrics_window=metrics_window, use_tf_while_loop=use_tf_while_loop,
+            jit_compile=jit_compile, run_eagerly=run_eagerly,
+            gradient_accumulation_steps=gradient_accumulation_steps, seed=seed, progress=progress,
+        ),
+        checkpoints=CheckpointSettings(
+            checkpoint_interval=checkpoint_interval, checkpoint_seconds=checkpoint_seconds,
+            max_to_keep=max_to_keep, warm_start=warm_start,
+            keep_input_positions=keep_input_positions, train_prefetch=train_prefetch,
+            train_prefetch_bytes=train_prefetch_bytes, async_checkpoints=async_checkpoints,
+        ),
+        evaluation=EvalSettings(
+            eval_interval=eval_interval, eval_seconds=eval_seconds, eval_steps=eval_steps,
+            continuous_eval_timeout=continuous_eval_timeout,
+            validation_control=validation_control, eval_at_start=eval_at_start,
+        ),
+        distribution=DistributionSettings(strategy=strategy, cpu_devices=cpu_devices),
+        features=FeatureSettings(
+            nan_guard=nan_guard, mixed_precision=mixed_precision, ema=ema,
+            histogram_interval=histogram_interval, profile_steps=profile_steps,
+            export_at_end=export_at_end, loggers=loggers,
+        ),
+    )  # fmt: skip
     if params is not None:
         task = model_garden.with_experiment(task, params)
     if mode == "predict":
-        settings = Settings.from_flat(**flat)
-        return predicting.predict(task, model_dir, settings, eval_checkpoint, output_dir, quick)
-    if quick:
-        return _fast_dev_run(task, model_dir, mode, flat, eval_checkpoint)
-    settings = Settings.from_flat(**flat)
+        return predicting.predict(
+            task, model_dir, settings, eval_checkpoint, output_dir, fast_dev_run
+        )
+    if fast_dev_run:
+        return _fast_dev_run(task, model_dir, mode, settings, eval_checkpoint)
     runner = ExperimentRunner(
         task, model_dir, mode, settings, eval_checkpoint=eval_checkpoint, output_dir=output_dir
     )
     return runner.run()
 
 
-def _fast_dev_run(task: Any, model_dir: str, mode: str, flat: dict, chosen: str | None) -> dict:
+def _fast_dev_run(
+    task: Any, model_dir: str, mode: str, settings: Settings, chosen: str | None
+) -> dict:
     """One training step and one evaluation step (an evaluation mode: one evaluation step of the
     model directory's checkpoint), written to a temporary folder that is then removed; says what
     ran in one line. Eager; returns the run's logs."""
-    flat.update(train_steps=1, train_epochs=None, eval_steps=1, eval_interval=None, progress=False)
-    flat.update(eval_seconds=None, eval_at_start=False, export_at_end=False)
-    settings = Settings.from_flat(**flat)
+    loop = replace(settings.loop, train_steps=1, train_epochs=None, progress=False)
+    evaluation = replace(
+        settings.evaluation, eval_steps=1, eval_interval=None, eval_seconds=None,
+        eval_at_start=False,
+    )  # fmt: skip
+    features = replace(settings.features, export_at_end=False)
+    settings = replace(settings, loop=loop, evaluation=evaluation, features=features)
     trains = mode in ("train", "train_and_eval")
     with tempfile.TemporaryDirectory(prefix="orbitask-fast-dev-run-") as folder:
         if trains:

@@ -54,7 +54,7 @@ def train_entries(
     *,
     callbacks: CallbackAction,
     keep_logs: Callable[[dict], None],
-    lr_control: LearningRate,
+    learning_rate: LearningRate,
     progress: ProgressAction | None,
     profiler: Profiler | None,
     nan_guard: Periodic | None,
@@ -72,8 +72,8 @@ def train_entries(
     if metrics_window is not None:
         window = Trigger(every_steps=metrics_window)
         entries.append(Periodic("metrics_window", lambda _: None, when=window, ends_loop=True))
-    if lr_control.schedule is not None:  # a callback's `ctx.lr.assign` lasts
-        entries.append(Periodic("learning_rate", lr_control.keep_assigned))
+    if learning_rate.schedule is not None:  # a callback's `ctx.lr.assign` lasts
+        entries.append(Periodic("learning_rate", learning_rate.keep_assigned))
     entries.append(Periodic("results", keep_logs))
     if progress is not None:
         entries.append(progress.entry())

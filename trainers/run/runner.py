@@ -285,7 +285,7 @@ class ExperimentRunner(ModeRunning):
         return run_actions.train_entries(
             callbacks=self.callbacks,
             keep_logs=self._keep_train_logs,
-            lr_control=objects.lr_control,
+            learning_rate=objects.learning_rate,
             progress=self.progress,
             profiler=self.profiler,
             nan_guard=nan_guard,
@@ -303,7 +303,7 @@ class ExperimentRunner(ModeRunning):
                 getattr(state.manager, "temp_directory", self.model_dir),
                 state.checkpoint,
                 state.manager,
-                self.objects.lr_control,
+                self.objects.learning_rate,
                 self.objects.global_step,
                 ema=self.objects.ema,
                 strategy=self.strategy,
