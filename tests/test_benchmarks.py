@@ -163,6 +163,16 @@ def test_eval_cost_benchmark_prints_orbitask_against_keras_evaluate():
 
 
 @pytest.mark.slow
+def test_first_step_benchmark_prints_model_garden_against_orbitask():
+    lines = _benchmark_lines("first_step.py", "--rounds=1", "--model_id=10", "--size=32")
+    assert lines[-6] == "ResNet-10, 32x32, batch 8, 1 rounds"
+    for row, name in zip(lines[-3:-1], ["model_garden", "orbitask"], strict=True):
+        cells = row.strip("|").split("|")
+        assert cells[0].strip() == name and float(cells[1]) > 0 and int(cells[3]) > 0, row
+    assert lines[-1].startswith("orbitask / model_garden: ")
+
+
+@pytest.mark.slow
 def test_input_positions_benchmark_prints_bytes_for_each_input_style():
     lines = _benchmark_lines("input_positions.py", "--quick")
     assert lines[0].startswith("300 JPEG records of ")

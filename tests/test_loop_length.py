@@ -93,3 +93,27 @@ def test_grown_loops_train_the_same_weights_as_fixed_ones(tmp_path, monkeypatch)
 def test_a_bad_loop_seconds_names_its_binding(tmp_path):
     with pytest.raises(ConfigError, match=r"number or None\. Received: loop_seconds=0 "):
         run_experiment(TinyTask(), str(tmp_path), train_steps=10, loop_seconds=0)
+
+
+class _CountedTraces(TinyTask):
+    """Counts the traces of its step: `update_pre` runs once per trace of the train step."""
+
+    traces = 0
+
+    def update_pre(self, gradients, loss, outputs, batch, model, loss_fn, lr, optimizer):
+        type(self).traces += 1
+        return super().update_pre(gradients, loss, outputs, batch, model, loss_fn, lr, optimizer)
+
+
+@pytest.mark.parametrize("flavour, traces", [("keras", 1), ("tf_keras", 2)])
+def test_the_device_loop_calls_the_step_it_traced_for_its_logs(tmp_path, flavour, traces):
+    """The loop function traces the step to learn its logs and calls that trace in its
+    `tf.while_loop`: the step is traced once whatever the loops, plus, for a tf_keras
+    optimizer, whose first step creates its slots, the retrace TensorFlow makes of a function
+    whose first trace created variables (a Keras 3 optimizer is built before)."""
+    _CountedTraces.traces = 0
+    run_experiment(
+        _CountedTraces(flavour=flavour), str(tmp_path), mode="train", train_steps=9,
+        steps_per_loop=3, loop_seconds=None, global_batch_size=8, progress=False,
+    )  # fmt: skip
+    assert _CountedTraces.traces == traces

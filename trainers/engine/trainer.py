@@ -218,11 +218,11 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         def loop(iterator, num_steps):
             if sync:
                 self.objects.learning_rate.sync(self.optimizer)
-            logs, invariants = _logs_before_first_step(step, iterator, self._loop)
+            traced, logs, invariants = _traced_step(step, iterator, self._loop)
             i = tf.zeros_like(num_steps)
             while more(i, num_steps):  # a tripped NaN guard hands over to the host
                 tf.autograph.experimental.set_loop_options(shape_invariants=invariants)
-                logs = step(iterator)
+                logs = traced(iterator)
                 i += 1
             return self._loop_output(logs)
 
@@ -230,12 +230,12 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         def recording_loop(iterator, num_steps):
             if sync:
                 self.objects.learning_rate.sync(self.optimizer)
-            logs, invariants = _logs_before_first_step(step, iterator, self._loop)
+            traced, logs, invariants = _traced_step(step, iterator, self._loop)
             history = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
             i = tf.zeros_like(num_steps)
             while more(i, num_steps):
                 tf.autograph.experimental.set_loop_options(shape_invariants=invariants)
-                logs = step(iterator)
+                logs = traced(iterator)
                 history = history.write(i, record(logs))
                 i += 1
             return self._loop_output(logs, history.stack())
@@ -305,16 +305,16 @@ class _LoopRecord:
         self.log_names: list[str] = []  # the step's log keys, as traced
 
 
-def _logs_before_first_step(step: Any, iterator: Any, loop: _LoopRecord) -> tuple[Any, list]:
-    """Zeros shaped like one step's logs, the device loop's value before its first step, and
-    the shape invariants of those whose shape a step leaves open. Traced, in the loop function.
+def _traced_step(step: Any, iterator: Any, loop: _LoopRecord) -> tuple[Any, Any, list]:
+    """The step traced once, as a function the device loop calls at every step; zeros shaped like
+    its logs, the loop's value before its first step; and the shape invariants of those whose
+    shape a step leaves open. Traced, in the loop function; returns `(traced, logs, invariants)`.
 
-    The step is traced on its own, in a graph that never runs, to learn its logs; the loop
-    then traces it once more, inside the `tf.while_loop`, as its only instance. So a loop of
-    any length runs the same ops: a stateful random op of the step (a `tf.random.normal` in a
-    stage) draws one sequence whatever the loop lengths. Such ops are named in one line
-    (`random_state.unsaved_step_draws`), once per trainer (`loop.named_draws`): a checkpoint
-    cannot hold their state.
+    The loop's `tf.while_loop` calls the one traced step (TensorFlow inlines the call when it
+    runs the graph), so a loop of any length runs the same ops: a stateful random op of the step
+    (a `tf.random.normal` in a stage) draws one sequence whatever the loop lengths. Such ops are
+    named in one line (`random_state.unsaved_step_draws`), once per trainer
+    (`loop.named_draws`): a checkpoint cannot hold their state.
     """
     traced = tf.function(step).get_concrete_function(iterator)
     if not loop.named_draws:
@@ -333,7 +333,7 @@ def _logs_before_first_step(step: Any, iterator: Any, loop: _LoopRecord) -> tupl
         if not shape.is_fully_defined():
             invariants.append((zero, shape))
         logs.append(zero)
-    return tf.nest.pack_sequence_as(outputs, logs), invariants
+    return traced, tf.nest.pack_sequence_as(outputs, logs), invariants
 
 
 def _trainable_signature(model: Any) -> tuple:
