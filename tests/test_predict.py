@@ -172,3 +172,28 @@ def test_two_workers_predict_every_example_once(trained, tmp_path):
                                rtol=1e-5, atol=1e-6)  # fmt: skip
     names = predictions.shard_names(str(out / "predictions"))
     assert {n[:10] for n in names} == {"worker-000", "worker-001"}
+
+
+@pytest.mark.slow  # a training run and two predictions
+def test_a_run_with_ema_predicts_with_the_averaged_weights(tmp_path):
+    """As evaluation and export do: with `run_experiment.ema` set, predict puts the
+    checkpoint's averages into the model; without it, the trained weights."""
+    from orbitask.trainers.run.saved_model import restored_model
+
+    ema = orbitask.ExponentialMovingAverage(decay=0.5)
+    model_dir = tmp_path / "run"
+    run_experiment(DigitsClassification(), str(model_dir), mode="train", train_steps=10, ema=ema,
+                   global_batch_size=16, progress=False, strategy="one_device")  # fmt: skip
+    path = tf.train.latest_checkpoint(str(model_dir))
+    inputs = np.concatenate([x for x, _ in DigitsClassification().build_inputs(16, None, False)])
+    expected = {}
+    for averaged in (True, False):
+        model, _ = restored_model(DigitsClassification(), path, averaged, None, 16)
+        expected[averaged] = model(inputs, training=False).numpy()
+    assert not np.allclose(expected[True], expected[False], atol=1e-3)
+    for averaged in (True, False):
+        out = tmp_path / f"averaged_{averaged}"
+        run_experiment(DigitsClassification(), str(model_dir), mode="predict", output_dir=str(out),
+                       ema=ema if averaged else None, **SETTINGS)  # fmt: skip
+        got = orbitask.read_predictions(str(out))
+        np.testing.assert_allclose(got, expected[averaged], rtol=1e-5, atol=1e-6)

@@ -34,13 +34,16 @@ def predict(
     fast: bool = False,
 ) -> dict:
     """Predicts with `checkpoint` (None: the newest of `model_dir`) into
-    `<output_dir or model_dir>/predictions/`; `fast` runs one step and writes nothing. Eager.
+    `<output_dir or model_dir>/predictions/`; `fast` runs one step and writes nothing. With
+    `settings.features.ema` set, the model predicts with the checkpoint's EMA averages, as
+    evaluation and export do. Eager.
 
     Returns `{"predict": {"checkpoint", "step", "examples", "folder"}}` (`fast`: no folder).
 
     Raises:
-      ConfigError: no checkpoint or one that does not fit, an infinite input, outputs without a
-        leading example dimension, a folder holding a prediction made with other settings.
+      ConfigError: no checkpoint or one that does not fit (or holds no EMA averages where `ema`
+        is set), an infinite input, outputs without a leading example dimension, a folder
+        holding a prediction made with other settings.
     """
     from orbitask.trainers.run.saved_model import restored_model
 
@@ -51,10 +54,12 @@ def predict(
     path = checkpoint or _newest(model_dir)
     batch = settings.loop.global_batch_size
     per_replica = batch // strategy.num_replicas_in_sync
+    ema = settings.features.ema is not None  # as evaluation and export: the averages
     with strategy.scope():
         model, step = restored_model(
-            task, path, False, settings.features.mixed_precision, per_replica
-        )
+            task, path, ema, settings.features.mixed_precision, per_replica,
+            unset_ema="unset orbitask.run_experiment.ema",
+        )  # fmt: skip
     worker, workers = _worker()
     folder = os.path.join(output_dir or model_dir, predictions.FOLDER)
     facts = dict(

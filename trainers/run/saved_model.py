@@ -236,7 +236,12 @@ def _save(model: Any, specs: Any, directory: str) -> None:
 
 
 def restored_model(
-    task: Any, path: str, ema: bool, mixed_precision: str | None, per_replica_batch_size: int
+    task: Any,
+    path: str,
+    ema: bool,
+    mixed_precision: str | None,
+    per_replica_batch_size: int,
+    unset_ema: str = "drop --ema",
 ) -> tuple:
     """Builds the task's model and restores the checkpoint `path` into it. Eager.
 
@@ -247,6 +252,8 @@ def restored_model(
       mixed_precision: the run's `mixed_precision` policy, set while the model is built.
       per_replica_batch_size: the batch size of validation data that builds the weights of a
         model without `Input` layers.
+      unset_ema: how the caller turns `ema` off, named in the error of a checkpoint without
+        averages.
 
     Returns:
       `(model, global step of the checkpoint)`.
@@ -267,8 +274,8 @@ def restored_model(
         if not any(name.startswith("ema/") for name, _ in tf.train.list_variables(path)):
             raise ConfigError(
                 f"--ema: checkpoint {path} holds no EMA averages; train with "
-                "orbitask.run_experiment.ema = @orbitask.ExponentialMovingAverage(), or drop "
-                "--ema."
+                f"orbitask.run_experiment.ema = @orbitask.ExponentialMovingAverage(), or "
+                f"{unset_ema}."
             )
         objects["ema"] = averages.build(model)
     try:

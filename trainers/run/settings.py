@@ -164,7 +164,8 @@ class FeatureSettings:
       mixed_precision: None, "mixed_float16" (the default step scales the loss dynamically and
         skips overflowing steps) or "mixed_bfloat16"; the Keras policy of both flavours while
         the model is built. Give the model a float32 output layer.
-      ema: an `orbitask.ExponentialMovingAverage`: evaluate and export the averaged weights.
+      ema: an `orbitask.ExponentialMovingAverage`: evaluate, export and predict with the
+        averaged weights.
       histogram_interval: write histograms of the trainable variables every this many steps.
       profile_steps: `(N, M)`: trace steps N..M into TensorBoard's profile format under
         `train/plugins/profile/` (`trainers.actions.profiling`); None: no profile.
