@@ -90,10 +90,16 @@ def restore_newest_readable(
     return None
 
 
+# How many checkpoints an evaluation follows while a training run's rotation deletes them under
+# it, before it gives up on that directory.
+MOST_FOLLOWED = 1000
+
+
 def _rotated_away(path: str, directory: str, tried: list[str]) -> str | None:
     """The newest checkpoint of `directory` when `path`'s files are gone and it is one not in
-    `tried` (a training run's rotation deleted `path` after it was listed), else None."""
-    if tf.io.gfile.exists(f"{path}.index") or len(tried) > 1000:
+    `tried` (a training run's rotation deleted `path` after it was listed; at most
+    `MOST_FOLLOWED` of them), else None."""
+    if tf.io.gfile.exists(f"{path}.index") or len(tried) > MOST_FOLLOWED:
         return None
     newest = tf.train.latest_checkpoint(directory)
     return newest if newest and newest not in tried else None
