@@ -173,6 +173,21 @@ def test_first_step_benchmark_prints_model_garden_against_orbitask():
 
 
 @pytest.mark.slow
+def test_step_parts_benchmark_times_each_part_on_one_iterator():
+    lines = _benchmark_lines("step_parts.py", "--rounds=3", "--steps_per_call=10")
+    assert lines[0] == "mlp: 3 rounds of 10 steps per variant, one shared iterator"
+    names = [
+        "hand-written loop (reference)",
+        "the Task's train_step under strategy.run",
+        "+ TrainStep (batches, replica mean, step)",
+        "+ the device-loop function",
+    ]
+    _assert_variants(lines[2:6], names)
+    assert lines[2].split()[-4] == "1.000"  # the reference against itself
+    assert lines[6].startswith("reference: ") and lines[6].endswith(" us/step")
+
+
+@pytest.mark.slow
 def test_input_positions_benchmark_prints_bytes_for_each_input_style():
     lines = _benchmark_lines("input_positions.py", "--quick")
     assert lines[0].startswith("300 JPEG records of ")
