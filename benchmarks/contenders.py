@@ -44,18 +44,24 @@ def _mirrored_or_one_device(replicas: int) -> tf.distribute.Strategy:
     )
 
 
-def reference_loop(workload: workloads.Workload, replicas: int) -> tuple[Callable, object]:
+def reference_loop(
+    workload: workloads.Workload, replicas: int, built: tuple | None = None
+) -> tuple[Callable, object]:
     """Builds the hand-written loop; returns `(train_loop, iterator)`. Eager.
 
     `train_loop(iterator, num_steps)` is a `tf.function` running `num_steps` steps and
-    returning the last step's loss summed over replicas.
+    returning the last step's loss summed over replicas. `built`: `(strategy, model,
+    optimizer)` built elsewhere (an orbitask run's) for the loop to train, else its own.
     """
-    strategy = _mirrored_or_one_device(replicas)
     global_batch = workload.global_batch
-    with strategy.scope():
-        model = workloads.build_model(workload.name)
-        optimizer = workloads.build_optimizer()
-        optimizer.build(model.trainable_variables)
+    if built is not None:
+        strategy, model, optimizer = built
+    else:
+        strategy = _mirrored_or_one_device(replicas)
+        with strategy.scope():
+            model = workloads.build_model(workload.name)
+            optimizer = workloads.build_optimizer()
+            optimizer.build(model.trainable_variables)
     if replicas == 1:
         # One device takes the batch as it is: a plain iterator skips the distributed
         # iterator's per-step work (~0.16 ms/step on the MLP), the fastest loop we know.

@@ -7,6 +7,7 @@ run with its callbacks and progress off (`overhead.build_orbitask`), and times, 
 that all of them read, `--steps_per_call` steps a call of:
 
 - the hand-written loop (the reference);
+- the same loop training the orbitask run's own model and optimizer objects;
 - the Task's own step alone: `strategy.run` of the default `train_step` (`task_train_step`) in a
   `tf.range` loop written as the reference's;
 - orbitask's `TrainStep` (the batches handed to the replicas, the step, the replica mean of the
@@ -60,8 +61,13 @@ def variants(workload, steps_per_call: int, model_dir: str) -> dict:
 
     task_loop = looped(lambda it: objects.strategy.run(replica_step, args=(next(it),)))
     step_loop = looped(step)
+    built = (objects.strategy, objects.model, objects.optimizer)
+    same_objects, _ = contenders.reference_loop(workload, replicas=1, built=built)
     return {
         "hand-written loop (reference)": lambda: float(reference(shared, num_steps)),
+        "its step on orbitask's model and optimizer": lambda: float(
+            same_objects(shared, num_steps)
+        ),
         "the Task's train_step under strategy.run": lambda: float(task_loop(shared, num_steps)),
         "+ TrainStep (batches, replica mean, step)": lambda: float(step_loop(shared, num_steps)),
         "+ the device-loop function": lambda: float(loop_fn(shared, num_steps)["logs"]["loss"]),

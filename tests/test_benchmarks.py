@@ -178,13 +178,14 @@ def test_step_parts_benchmark_times_each_part_on_one_iterator():
     assert lines[0] == "mlp: 3 rounds of 10 steps per variant, one shared iterator"
     names = [
         "hand-written loop (reference)",
+        "its step on orbitask's model and optimizer",
         "the Task's train_step under strategy.run",
         "+ TrainStep (batches, replica mean, step)",
         "+ the device-loop function",
     ]
-    _assert_variants(lines[2:6], names)
+    _assert_variants(lines[2:7], names)
     assert lines[2].split()[-4] == "1.000"  # the reference against itself
-    assert lines[6].startswith("reference: ") and lines[6].endswith(" us/step")
+    assert lines[7].startswith("reference: ") and lines[7].endswith(" us/step")
 
 
 @pytest.mark.slow
