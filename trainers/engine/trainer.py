@@ -310,9 +310,10 @@ def _traced_step(step: Any, iterator: Any, loop: _LoopRecord) -> tuple[Any, Any,
     its logs, the loop's value before its first step; and the shape invariants of those whose
     shape a step leaves open. Traced, in the loop function; returns `(traced, logs, invariants)`.
 
-    The loop's `tf.while_loop` calls the one traced step (TensorFlow inlines the call when it
-    runs the graph), so a loop of any length runs the same ops: a stateful random op of the step
-    (a `tf.random.normal` in a stage) draws one sequence whatever the loop lengths. Such ops are
+    The loop's `tf.while_loop` calls that one trace at every step (a call costs no more per
+    step than the step traced in place: benchmarks/RESULTS.md), so the step is not traced again
+    and a loop of any length runs the same ops: a stateful random op of the step (a
+    `tf.random.normal` in a stage) draws one sequence whatever the loop lengths. Such ops are
     named in one line (`random_state.unsaved_step_draws`), once per trainer
     (`loop.named_draws`): a checkpoint cannot hold their state.
     """

@@ -168,8 +168,6 @@ class LearningRate:
         at every step.
     """
 
-    OWNERS = ("lr", "optimizers", "optimizer_schedule")
-
     def __init__(self, lr: tf.Variable, schedule: Any = None, setting: Any = None):
         self.lr = lr
         self.schedule = schedule
