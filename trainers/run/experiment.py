@@ -1,4 +1,21 @@
-"""`run_experiment`: the public entry point and gin's `orbitask.run_experiment.*` bindings."""
+"""`run_experiment`: the public entry point and gin's `orbitask.run_experiment.*` bindings.
+
+Its arguments: `task`, an `orbitask.Task`, or a Model Garden task as it is
+(docs/porting_from_model_garden.md), whose `ExperimentConfig` `params` then gives the optimizer
+and schedule. `mode`: train, eval, train_and_eval, continuous_eval, eval_all (every checkpoint,
+oldest first) or predict (`predicting`: the model over `build_predict_inputs`, into
+`predictions/`). `eval_checkpoint`: the `ckpt-N` that mode eval or predict uses (None: the
+newest). `output_dir`: where an evaluation mode writes `eval/` (None: `model_dir`; predict:
+`predictions/` goes there), so that `model_dir` may be read-only. `fast_dev_run`: one training
+step and one evaluation step (`fast_dev_run`; predict: one prediction step), nothing written to
+`model_dir`. Every other argument is the field of that name of one group in `settings`
+(`LoopSettings`, ...), documented there, and is handed to it by name; configs/defaults.gin lists
+them all.
+
+It returns `{"train": logs, "eval": logs}`, plus `"export"` (the SavedModel folder) when one was
+written, `"evaluated"` (`{"checkpoint", "step", "eval"}` each) for eval_checkpoint or eval_all,
+`"predict"` in mode predict.
+"""
 
 from __future__ import annotations
 
@@ -71,30 +88,12 @@ def run_experiment(
     loggers: Any = _D["loggers"],
     params: Any = None,
 ) -> dict:
-    """Trains and/or evaluates `task` under `model_dir`; gin binds `orbitask.run_experiment.*`.
-
-    Eager; the work is `runner.ExperimentRunner`'s. `task`: an `orbitask.Task`, or a Model Garden
-    task as it is (docs/porting_from_model_garden.md), whose `ExperimentConfig` `params` then
-    gives the optimizer and schedule. `mode`: train, eval, train_and_eval, continuous_eval,
-    eval_all (every checkpoint, oldest first) or predict (`predicting`: the model over
-    `build_predict_inputs`, into `predictions/`). `eval_checkpoint`: the `ckpt-N` that mode eval
-    or predict uses (None: the newest). `output_dir`: where an evaluation mode writes `eval/` (None:
-    `model_dir`; predict: `predictions/` goes there), so that `model_dir` may be read-only.
-    `fast_dev_run`: one training step and one evaluation step (`fast_dev_run`; predict: one
-    prediction step), nothing written to `model_dir`. Every other argument is the
-    field of that name of one group in `settings` (`LoopSettings`, ...), documented there, and
-    is handed to it by name below; configs/defaults.gin lists them all.
-
-    Returns `{"train": logs, "eval": logs}`, plus `"export"` (the SavedModel folder) when one
-    was written, `"evaluated"` (`{"checkpoint", "step", "eval"}` each) for eval_checkpoint or
-    eval_all. Raises `ConfigError` for a bad setting, before any work.
-    """
-    setting_rules.check("run_experiment", {"fast_dev_run": fast_dev_run})
-    if train_epochs is not None and train_steps is gin.REQUIRED:
-        train_steps = None  # epochs set: TRAIN_STEPS need not be
+    """Trains, evaluates or predicts with `task` under `model_dir` (arguments and results: the
+    module docstring; gin binds `orbitask.run_experiment.*`). Eager. Returns `{"train": logs,
+    "eval": logs}` and more by mode; raises `ConfigError` for a bad setting, before any work."""
     settings = Settings(
         loop=LoopSettings(
-            train_steps=train_steps, train_epochs=train_epochs,
+            train_steps=_steps(train_steps, train_epochs), train_epochs=train_epochs,
             global_batch_size=global_batch_size, learning_rate=learning_rate,
             steps_per_loop=steps_per_loop, loop_seconds=loop_seconds,
             metrics_window=metrics_window, use_tf_while_loop=use_tf_while_loop,
@@ -121,14 +120,24 @@ def run_experiment(
     )  # fmt: skip
     if params is not None:
         task = model_garden.with_experiment(task, params)
+    return _run(task, model_dir, mode, settings, eval_checkpoint, output_dir, fast_dev_run)
+
+
+def _steps(train_steps: Any, train_epochs: int | None) -> Any:
+    """`train_steps`, or None where epochs are set and TRAIN_STEPS is not (it need not be)."""
+    return None if train_epochs is not None and train_steps is gin.REQUIRED else train_steps
+
+
+def _run(task, model_dir, mode, settings, chosen, output_dir, quick) -> dict:
+    """Runs `mode` (`quick`: `fast_dev_run`), before any work checking that flag. Eager; returns
+    the run's results."""
+    setting_rules.check("run_experiment", {"fast_dev_run": quick})
     if mode == "predict":
-        return predicting.predict(
-            task, model_dir, settings, eval_checkpoint, output_dir, fast_dev_run
-        )
-    if fast_dev_run:
-        return _fast_dev_run(task, model_dir, mode, settings, eval_checkpoint)
+        return predicting.predict(task, model_dir, settings, chosen, output_dir, quick)
+    if quick:
+        return _fast_dev_run(task, model_dir, mode, settings, chosen)
     runner = ExperimentRunner(
-        task, model_dir, mode, settings, eval_checkpoint=eval_checkpoint, output_dir=output_dir
+        task, model_dir, mode, settings, eval_checkpoint=chosen, output_dir=output_dir
     )
     return runner.run()
 
