@@ -4,6 +4,7 @@ once, equal to an uninterrupted prediction and to the model applied directly."""
 
 import os
 import random
+import re
 import signal
 import sys
 import time
@@ -70,10 +71,12 @@ def _command(model_dir, gin_file, out, *params):
     return command + [f"--gin_params=orbitask.run_experiment.{p}" for p in params]
 
 
-@pytest.mark.slow  # the real program, killed and run again
-def test_a_killed_prediction_reruns_to_every_example_once(trained, tmp_path):
-    """SIGKILL to `orbitask --mode=predict` on 2 replicas after a drawn number of shards; the
-    same command again gives what an uninterrupted prediction gives, each example once."""
+@pytest.mark.slow  # the real program, stopped and run again
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
+def test_a_stopped_prediction_reruns_to_every_example_once(trained, tmp_path, sig):
+    """SIGKILL or Ctrl-C (SIGINT: it stops after the next shard, exit 130, one line) to
+    `orbitask --mode=predict` on 2 replicas after a drawn number of shards; the same command
+    again gives what an uninterrupted prediction gives, each example once."""
     model_dir, inputs, expected = trained
     gin_file = tmp_path / "slow.gin"
     gin_file.write_text(
@@ -83,9 +86,14 @@ def test_a_killed_prediction_reruns_to_every_example_once(trained, tmp_path):
     settings = ["cpu_devices = 2", "global_batch_size = 4", "steps_per_loop = 3"]
     command = _command(model_dir, gin_file, out, *settings)
     batches = random.Random(0).choice([6, 15, 30])
-    proc, said = faults.kill_after_line(command, random.Random(0), steps=(0,), timeout=240,
+    proc, said = faults.kill_after_line(command, random.Random(0), sig, steps=(0,), timeout=240,
                                         line=f"orbitask: predicted {batches} batches")  # fmt: skip
-    assert proc.returncode == -signal.SIGKILL, said
+    if sig == signal.SIGINT:
+        assert proc.returncode == 130, said
+        assert "orbitask: interrupted: SIGINT received: stopped with the predictions" in said
+        assert "Traceback" not in said, said
+    else:
+        assert proc.returncode == -signal.SIGKILL, said
     folder = out / "predictions"
     assert not (folder / "worker-000-done.json").exists(), "the kill came too late"
     written = predictions.steps_done(str(folder), 1)
@@ -172,6 +180,55 @@ def test_two_workers_predict_every_example_once(trained, tmp_path):
                                rtol=1e-5, atol=1e-6)  # fmt: skip
     names = predictions.shard_names(str(out / "predictions"))
     assert {n[:10] for n in names} == {"worker-000", "worker-001"}
+
+
+@pytest.mark.slow  # a 2-worker job under the launcher, stopped, then run again
+def test_sigterm_to_the_launcher_stops_both_workers_after_one_shard_and_the_rerun_ends_it(
+    trained, tmp_path
+):
+    """SIGTERM to `orbitask launch` while 2 workers predict (TensorFlow's multi-worker runtime
+    has a SIGTERM handler that only logs): both stop after the same shard, exit 75 with one
+    line each, as does the launcher; the same command predicts the rest, every example once."""
+    model_dir, inputs, expected = trained
+    gin_file = tmp_path / "slow.gin"
+    gin_file.write_text(
+        "include 'experiments/digits.gin'\nimport tests.test_predict\nTASK = @SlowPredictions()\n"
+    )
+    out = tmp_path / "out"
+    flags = [f"--gin_file={gin_file}", f"--model_dir={model_dir}", "--mode=predict",
+             f"--output_dir={out}", "--gin_params=TRAIN_STEPS = 10",
+             "--gin_params=orbitask.run_experiment.global_batch_size = 4",
+             "--gin_params=orbitask.run_experiment.steps_per_loop = 3"]  # fmt: skip
+    proc = launching.start(["--workers", "2"], flags, tmp_path / "first")
+    try:
+        deadline = time.monotonic() + 240
+        while "predicted 6 batches" not in launching.output(tmp_path / "first"):
+            assert proc.poll() is None and time.monotonic() < deadline, launching.output(
+                tmp_path / "first"
+            )[-3000:]
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=120)
+    finally:
+        launching.stop(proc)
+    text = launching.output(tmp_path / "first")
+    assert proc.returncode == 75, text[-3000:]
+    stopped = re.findall(
+        r"^\[worker (\d)\] orbitask: preempted: SIGTERM received: stopped with the predictions "
+        r"of (\d+) batches written \(\d+ by this run\) into \S+; run the same command again",
+        text,
+        re.M,
+    )
+    assert sorted(w for w, _ in stopped) == ["0", "1"], text[-3000:]
+    written = {int(n) for _, n in stopped}
+    assert len(written) == 1 and written.pop() < -(-len(inputs) // 4) // 2, text[-3000:]
+    assert not (out / "predictions" / "worker-000-done.json").exists()
+    status, again = launching.run(["--workers", "2"], flags, tmp_path / "second")
+    assert status == 0, again[-3000:]
+    got = orbitask.read_predictions(str(out))
+    assert len(got["logits"]) == len(inputs)
+    np.testing.assert_allclose(got["logits"], np.concatenate([expected[0::2], expected[1::2]]),
+                               rtol=1e-5, atol=1e-6)  # fmt: skip
 
 
 @pytest.mark.slow  # a training run and two predictions

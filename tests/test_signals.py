@@ -252,3 +252,13 @@ def test_ctrl_c_in_process_saves_raises_interrupted_and_a_second_one_quits_at_on
     assert issubclass(Interrupted, Preempted)
     assert seen["handlers"] == (signal.SIG_DFL, signal.SIG_IGN)
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-7")
+
+
+def test_the_workers_signal_agreement_decodes_the_largest_code():
+    """`cluster.largest`, the multi-worker agreement on the signals received (0 none, 1
+    SIGTERM, 2 SIGINT), sums one flag per code over the replicas and reads the largest back."""
+    from orbitask.trainers.distribution import cluster
+
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    assert [cluster.largest(strategy, code, bound=3) for code in (0, 1, 2)] == [0, 1, 2]
+    assert [cluster.largest(strategy, code, bound=6) for code in (0, 3, 5)] == [0, 3, 5]

@@ -6,7 +6,8 @@ between device loops (the main thread is inside TensorFlow during one), so a run
 device loop after the signal: `steps_per_loop` train steps (about a second where quick loops have
 grown, `loop_seconds`), or the evaluation's loop of steps under way. A run that trains saves a
 checkpoint of that step first; the evaluation modes (`eval`, `continuous_eval`) write none, and
-`continuous_eval` waiting for a new checkpoint stops at once. The run then raises `Preempted`,
+`continuous_eval` waiting for a new checkpoint stops at once; `--mode=predict` stops after the
+shard under way (`trainers.run.predicting`). The run then raises `Preempted`,
 which the binary turns into exit status 75 ("temporary failure: run the same command again to
 resume"), or after SIGINT `Interrupted`, exit 130 with one line and no traceback.
 
@@ -53,6 +54,8 @@ class PreemptionWatcher:
       save: saves the training state at the current step, unless the newest checkpoint holds
         it, and returns that checkpoint's path; None where the run does not train.
       signals: the signals that stop the run (SIGINT raises `Interrupted`).
+      stopped: `stopped(signal_name, step) -> str`, the one line said where the run does not
+        train (`save` None); None: an evaluation's line.
 
     Attributes:
       agree: None on one process; with several workers, a collective that returns the largest
@@ -64,10 +67,12 @@ class PreemptionWatcher:
         current_step: Callable[[], int],
         save: Callable[[], str] | None = None,
         signals: tuple = (signal.SIGTERM, signal.SIGINT),
+        stopped: Callable[[str, int], str] | None = None,
     ):
         self.current_step = current_step
         self.save = save
         self.signals = tuple(signals)
+        self.stopped = stopped
         self.received: int | None = None
         self.agree: Callable[[int], int] | None = None
         self._previous: dict = {}
@@ -122,7 +127,9 @@ class PreemptionWatcher:
             return
         name, step = signal.Signals(self.received).name, self.current_step()
         stop = Interrupted if self.received == signal.SIGINT else Preempted
-        if self.save is None:
+        if self.save is None and self.stopped is not None:
+            message = self.stopped(name, step)
+        elif self.save is None:
             message = (
                 f"{name} received: stopped after the evaluation at step {step} (evaluation "
                 "writes no checkpoint); run the same command again to go on evaluating."

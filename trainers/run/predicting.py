@@ -10,12 +10,14 @@ shards hold. `read_predictions` returns them.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
+from orbitask.trainers.actions.preemption import PreemptionWatcher
 from orbitask.trainers.distribution import cluster
 from orbitask.trainers.engine import user_code
 from orbitask.trainers.engine.inputs import checked_source, evaluation_dataset
@@ -45,9 +47,17 @@ def predict(
         is set), an infinite input, outputs without a leading example dimension, a folder
         holding a prediction made with other settings.
     """
+    watcher = PreemptionWatcher(lambda: 0)  # SIGTERM, Ctrl-C: stop after the next shard
+    with watcher:
+        strategy = _strategy(settings)
+        watcher.take_back(agree=cluster.signal_agreement(strategy))
+        return _predict(task, model_dir, settings, strategy, watcher, checkpoint, output_dir, fast)
+
+
+def _predict(task, model_dir, settings, strategy, watcher, checkpoint, output_dir, fast) -> dict:
+    """`predict` on `strategy`, `watcher` stopping it between shards. Eager."""
     from orbitask.trainers.run.saved_model import restored_model
 
-    strategy = _strategy(settings)
     chief = cluster.is_chief(strategy)
     if chief:
         messages.say(cluster.describe(strategy))
@@ -77,7 +87,9 @@ def predict(
         if fast:
             examples = _one_step(task, strategy, dataset, run, path, model_dir)
             return {"predict": {"checkpoint": path, "step": step, "examples": examples}}
-        examples = _loop(task, strategy, dataset, run, folder, facts, (worker, done), settings)
+        watcher.stopped = functools.partial(_stopped, folder, done)
+        loop = functools.partial(_loop, task, strategy, dataset, run, folder, facts)
+        examples = loop((worker, done), settings, watcher)
     if chief:
         before = f" after the {done} batches a run before wrote" if done else ""
         mine = " (this worker's share)" if workers > 1 else ""
@@ -112,12 +124,15 @@ def _one_step(task, strategy, dataset, run, path: str, model_dir: str) -> int:
     return len(_first(outputs))
 
 
-def _loop(task, strategy, dataset, run, folder, facts, place, settings) -> int:
+def _loop(task, strategy, dataset, run, folder, facts, place, settings, watcher) -> int:
     """Runs every batch after the first `place[1]` steps, writing a shard each `steps_per_loop`
-    steps and the worker's done mark at the end; returns this run's examples. Eager."""
+    steps, then asking `watcher` (every worker at the same step: a signal received anywhere
+    stops them all there), and the worker's done mark at the end; returns this run's
+    examples. Eager."""
     worker, step = place
     chief = cluster.is_chief(strategy)
     every, pending, start, examples = settings.loop.steps_per_loop, [], step, 0
+    watcher.current_step = lambda: start  # the batches the shards hold
     for batch in dataset:
         outputs = _outputs(task, strategy, run(batch))
         if step == 0 and chief and not pending:
@@ -130,6 +145,7 @@ def _loop(task, strategy, dataset, run, folder, facts, place, settings) -> int:
             start, pending = step, []
             if settings.loop.progress and chief:
                 messages.say(f"predicted {step} batches")
+            watcher()
     if step == 0:
         raise ConfigError(
             f"{type(task).__name__}.build_predict_inputs gave no batch; return a dataset with "
@@ -139,6 +155,15 @@ def _loop(task, strategy, dataset, run, folder, facts, place, settings) -> int:
         _flush(folder, worker, start, pending)
     predictions.write_done(folder, worker, step)
     return examples
+
+
+def _stopped(folder: str, before: int, name: str, written: int) -> str:
+    """The line said when a signal stopped a prediction (`PreemptionWatcher.stopped`)."""
+    return (
+        f"{name} received: stopped with the predictions of {written} batches written "
+        f"({written - before} by this run) into {folder}; run the same command again to "
+        "predict the rest."
+    )
 
 
 def _flush(folder: str, worker: int, start: int, pending: list) -> None:
