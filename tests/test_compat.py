@@ -18,8 +18,9 @@ import tensorflow as tf
 from absl import logging
 from tensorflow.python.eager import context as eager_context
 
-from orbitask.trainers import compat
+from orbitask.trainers import compat, run_experiment
 from orbitask.trainers.run.controller import Controller
+from tests.helpers import TinyTask
 
 
 class _Adapter(Controller):
@@ -304,3 +305,16 @@ def test_host_random_state_kept_in_a_process_without_a_global_seed():
         assert ctx._seed is None and not hasattr(ctx, "_rng")  # noqa: SLF001
     finally:
         ctx._seed, ctx._rng = saved  # noqa: SLF001
+
+
+def test_a_run_on_two_replicas_leaves_no_custom_gradient_in_tensorflows_registry(tmp_path):
+    """Each trace of a step on several replicas registers `ReplicaContext.all_reduce`'s custom
+    gradient, which holds the step's graph; a run takes its own away when it ends, so a sweep
+    of runs in one process does not keep every run's graphs."""
+    from tensorflow.python.framework import ops
+
+    registry = ops._gradient_registry._registry  # noqa: SLF001
+    before = set(registry)
+    settings = dict(train_steps=2, global_batch_size=8, progress=False, mode="train")
+    run_experiment(TinyTask(), str(tmp_path), strategy="mirrored", **settings)
+    assert [n for n in registry if n not in before] == []

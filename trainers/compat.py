@@ -47,6 +47,7 @@ from absl import logging
 from tensorflow.python.checkpoint import async_checkpoint_helper
 from tensorflow.python.data.ops import dataset_ops, prefetch_op
 from tensorflow.python.eager import context as eager_context
+from tensorflow.python.framework import ops
 
 
 @contextlib.contextmanager
@@ -316,3 +317,23 @@ def host_random_state_kept() -> Iterator[None]:
             rng.setstate(rng_state)
         elif hasattr(ctx, "_rng"):
             del ctx._rng  # noqa: SLF001
+
+
+@contextlib.contextmanager
+def custom_gradients_released() -> Iterator[None]:
+    """While open, the custom gradients TensorFlow registers are noted, and on leaving they are
+    removed from its gradient registry (`ops._gradient_registry._registry`). Eager; yields
+    nothing.
+
+    `ReplicaContext.all_reduce` is a `tf.custom_gradient`, registered under a new name each time
+    a step traces on several replicas, and the entry holds the step's whole graph: without
+    this, runs made one after another in one process (a sweep, a notebook) keep every earlier
+    run's step graphs. A run's graphs are not differentiated after it ends.
+    """
+    registry = ops._gradient_registry._registry  # noqa: SLF001
+    before = set(registry)
+    try:
+        yield
+    finally:
+        for name in [n for n in registry if n.startswith("CustomGradient-") and n not in before]:
+            del registry[name]

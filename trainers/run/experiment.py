@@ -27,6 +27,7 @@ import gin
 
 from orbitask.common import setting_rules
 from orbitask.tasks import model_garden
+from orbitask.trainers import compat
 from orbitask.trainers.run import messages, predicting
 from orbitask.trainers.run.runner import ExperimentRunner
 from orbitask.trainers.run.settings import (
@@ -132,14 +133,15 @@ def _run(task, model_dir, mode, settings, chosen, output_dir, quick) -> dict:
     """Runs `mode` (`quick`: `fast_dev_run`), before any work checking that flag. Eager; returns
     the run's results."""
     setting_rules.check("run_experiment", {"fast_dev_run": quick})
-    if mode == "predict":
-        return predicting.predict(task, model_dir, settings, chosen, output_dir, quick)
-    if quick:
-        return _fast_dev_run(task, model_dir, mode, settings, chosen)
-    runner = ExperimentRunner(
-        task, model_dir, mode, settings, eval_checkpoint=chosen, output_dir=output_dir
-    )
-    return runner.run()
+    with compat.custom_gradients_released():  # the run's step graphs go with it
+        if mode == "predict":
+            return predicting.predict(task, model_dir, settings, chosen, output_dir, quick)
+        if quick:
+            return _fast_dev_run(task, model_dir, mode, settings, chosen)
+        runner = ExperimentRunner(
+            task, model_dir, mode, settings, eval_checkpoint=chosen, output_dir=output_dir
+        )
+        return runner.run()
 
 
 def _fast_dev_run(
