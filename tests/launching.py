@@ -65,6 +65,24 @@ def stop(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
 
 
+def stop_with(proc: subprocess.Popen, pid: int, tmp, sig=signal.SIGTERM) -> str:
+    """Sends `sig` to `pid` (the launcher's or a worker's), waits for the job to end (then kills
+    what is left); returns its output."""
+    try:
+        os.kill(pid, sig)
+        proc.wait(timeout=120)
+    finally:
+        stop(proc)
+    return output(tmp)
+
+
+def preempted(text: str, rest: str) -> list:
+    """The groups of each `[worker N] orbitask: preempted: SIGTERM received: <rest>` line of
+    `text` (`rest` a regular expression), the worker's number first."""
+    line = rf"^\[worker (\d)\] orbitask: preempted: SIGTERM received: {rest}"
+    return re.findall(line, text, re.M)
+
+
 def run(launch_args, flags, tmp, timeout=240) -> tuple[int, str]:
     """Runs a job to the end (bounded); returns (exit status, output)."""
     proc = start(launch_args, flags, tmp)

@@ -180,18 +180,12 @@ def test_sigterm_stops_every_worker_at_one_step_and_the_rerun_is_exact(
     try:
         worker = launching.pid_of(tmp_path / "first", "worker 1", proc)
         faults.wait_for_checkpoint(model, proc, min_step=40)
-        os.kill(proc.pid if target == "launcher" else worker, signal.SIGTERM)
-        proc.wait(timeout=120)
+        pid = proc.pid if target == "launcher" else worker
+        text = launching.stop_with(proc, pid, tmp_path / "first")
     finally:
         launching.stop(proc)
-    text = launching.output(tmp_path / "first")
     assert proc.returncode == 75, text[-3000:]
-    stopped = re.findall(
-        r"^\[worker (\d)\] orbitask: preempted: SIGTERM received: saved checkpoint (\S+) at step "
-        r"(\d+);",
-        text,
-        re.M,
-    )
+    stopped = launching.preempted(text, r"saved checkpoint (\S+) at step (\d+);")
     assert sorted(w for w, _, _ in stopped) == ["0", "1"], text[-3000:]
     (_, path, step), (_, other, same) = stopped
     assert (path, step) == (other, same) == (f"{model}/ckpt-{step}", step)

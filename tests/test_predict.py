@@ -4,7 +4,6 @@ once, equal to an uninterrupted prediction and to the model applied directly."""
 
 import os
 import random
-import re
 import signal
 import sys
 import time
@@ -207,17 +206,14 @@ def test_sigterm_to_the_launcher_stops_both_workers_after_one_shard_and_the_reru
                 tmp_path / "first"
             )[-3000:]
             time.sleep(0.05)
-        os.kill(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=120)
+        text = launching.stop_with(proc, proc.pid, tmp_path / "first")
     finally:
         launching.stop(proc)
-    text = launching.output(tmp_path / "first")
     assert proc.returncode == 75, text[-3000:]
-    stopped = re.findall(
-        r"^\[worker (\d)\] orbitask: preempted: SIGTERM received: stopped with the predictions "
-        r"of (\d+) batches written \(\d+ by this run\) into \S+; run the same command again",
+    stopped = launching.preempted(
         text,
-        re.M,
+        r"stopped with the predictions of (\d+) batches written \(\d+ by this run\) into \S+; "
+        "run the same command again",
     )
     assert sorted(w for w, _ in stopped) == ["0", "1"], text[-3000:]
     written = {int(n) for _, n in stopped}
