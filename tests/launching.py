@@ -66,8 +66,9 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def stop_with(proc: subprocess.Popen, pid: int, tmp, sig=signal.SIGTERM) -> str:
-    """Sends `sig` to `pid` (the launcher's or a worker's), waits for the job to end (then kills
-    what is left); returns its output."""
+    """Sends `sig` to `pid` (the launcher's or a worker's; minus the launcher's: its process
+    group, as a terminal's Ctrl-C), waits for the job to end (then kills what is left); returns
+    its output."""
     try:
         os.kill(pid, sig)
         proc.wait(timeout=120)
@@ -76,10 +77,10 @@ def stop_with(proc: subprocess.Popen, pid: int, tmp, sig=signal.SIGTERM) -> str:
     return output(tmp)
 
 
-def preempted(text: str, rest: str) -> list:
-    """The groups of each `[worker N] orbitask: preempted: SIGTERM received: <rest>` line of
-    `text` (`rest` a regular expression), the worker's number first."""
-    line = rf"^\[worker (\d)\] orbitask: preempted: SIGTERM received: {rest}"
+def preempted(text: str, rest: str, how: str = "preempted: SIGTERM") -> list:
+    """The groups of each `[worker N] orbitask: <how> received: <rest>` line of `text` (`rest`
+    a regular expression), the worker's number first."""
+    line = rf"^\[worker (\d)\] orbitask: {how} received: {rest}"
     return re.findall(line, text, re.M)
 
 

@@ -198,3 +198,58 @@ def test_cluster_layouts():
         "ps": ["127.0.0.1:3", "127.0.0.1:4"],
     }
     assert len(set(launch.free_ports(4))) == 4
+
+
+def test_each_job_process_has_a_group_of_its_own():
+    """A terminal's Ctrl-C goes to its foreground process group: the job's processes are not in
+    the launcher's, so each gets the launcher's relay alone (a second SIGINT ends a process at
+    once)."""
+    runner, out = launcher({"worker 0": "exit 0 1.0", "worker 1": "exit 0 1.0"})
+    groups = {}
+
+    def note():
+        while len(groups) < 2:
+            for role, proc in list(runner.procs.items()):
+                if proc.poll() is None and role not in groups:
+                    groups[role] = (proc.pid, os.getpgid(proc.pid))
+            time.sleep(0.01)
+
+    threading.Thread(target=note, daemon=True).start()
+    assert runner.run() == 0, out.getvalue()
+    assert sorted(groups) == [("worker", 0), ("worker", 1)]
+    assert all(pid == group != os.getpgid(0) for pid, group in groups.values()), groups
+
+
+PARENT = r"""
+import subprocess, sys, time
+sys.path.insert(0, sys.argv[1])
+from trainers.commands.launch import _own_group_dying_with
+import os
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                         preexec_fn=_own_group_dying_with(os.getpid()))
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_the_job_dies_with_a_killed_launcher():
+    """kill -9 of the launcher: its processes get SIGKILL too (Linux), none trains on alone."""
+    import subprocess
+    from pathlib import Path
+
+    repo = str(Path(__file__).resolve().parents[1])
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, repo], stdout=subprocess.PIPE, text=True
+    )
+    child = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    os.kill(child, signal.SIGKILL)
+    raise AssertionError("the launcher's process outlived it")

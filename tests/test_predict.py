@@ -182,12 +182,16 @@ def test_two_workers_predict_every_example_once(trained, tmp_path):
 
 
 @pytest.mark.slow  # a 2-worker job under the launcher, stopped, then run again
+@pytest.mark.parametrize("ctrl_c", [False, True])
 def test_sigterm_to_the_launcher_stops_both_workers_after_one_shard_and_the_rerun_ends_it(
-    trained, tmp_path
+    trained, tmp_path, ctrl_c
 ):
     """SIGTERM to `orbitask launch` while 2 workers predict (TensorFlow's multi-worker runtime
-    has a SIGTERM handler that only logs): both stop after the same shard, exit 75 with one
-    line each, as does the launcher; the same command predicts the rest, every example once."""
+    has a SIGTERM handler that only logs), or a terminal's Ctrl-C (SIGINT to the launcher's
+    process group: the workers have groups of their own, so each gets the launcher's relay
+    only, not a second SIGINT that would end it at once): both stop after the same shard, exit
+    75 (130) with one line each, as does the launcher; the same command predicts the rest,
+    every example once."""
     model_dir, inputs, expected = trained
     gin_file = tmp_path / "slow.gin"
     gin_file.write_text(
@@ -206,14 +210,18 @@ def test_sigterm_to_the_launcher_stops_both_workers_after_one_shard_and_the_reru
                 tmp_path / "first"
             )[-3000:]
             time.sleep(0.05)
-        text = launching.stop_with(proc, proc.pid, tmp_path / "first")
+        if ctrl_c:
+            text = launching.stop_with(proc, -proc.pid, tmp_path / "first", signal.SIGINT)
+        else:
+            text = launching.stop_with(proc, proc.pid, tmp_path / "first")
     finally:
         launching.stop(proc)
-    assert proc.returncode == 75, text[-3000:]
+    assert proc.returncode == (130 if ctrl_c else 75), text[-3000:]
     stopped = launching.preempted(
         text,
         r"stopped with the predictions of (\d+) batches written \(\d+ by this run\) into \S+; "
         "run the same command again",
+        "interrupted: SIGINT" if ctrl_c else "preempted: SIGTERM",
     )
     assert sorted(w for w, _ in stopped) == ["0", "1"], text[-3000:]
     written = {int(n) for _, n in stopped}

@@ -5,8 +5,9 @@
     python -m orbitask.trainers.commands.launch ...                         # the same
 
 For tests and for trying a cluster configuration on one machine. It only starts processes (the
-usual binary, each with its TF_CONFIG and free ports), prefixes their output, relays SIGTERM /
-SIGINT and restarts; all training logic stays in the binary. It binds `run_experiment.strategy`
+usual binary, each with its TF_CONFIG and free ports, in a process group of its own and, on
+Linux, dying with the launcher), prefixes their output, relays SIGTERM / SIGINT (a terminal's
+Ctrl-C reaches the launcher alone) and restarts; all training logic stays in the binary. It binds `run_experiment.strategy`
 to the cluster it starts: `multi_worker_mirrored` (N workers, worker 0 is the chief) or, with
 `--ps P`, `parameter_server` (a chief that coordinates, N workers and P parameter servers).
 
@@ -31,6 +32,7 @@ machine's network instead.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import signal
@@ -44,6 +46,7 @@ from orbitask.trainers.commands.network import free_ports, loopback_only
 
 STOPPED = (EXIT_PREEMPTED, EXIT_INTERRUPTED)  # saved on a signal: resume, do not restart
 GRACE_S = 60.0  # how long processes get to save and exit after a relayed SIGTERM
+_PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 class UsageError(Exception):
@@ -82,6 +85,26 @@ def cluster_spec(roles: list[tuple[str, int]], ports: list[int]) -> dict:
     for (kind, _), port in zip(roles, ports, strict=True):
         spec.setdefault(kind, []).append(f"127.0.0.1:{port}")
     return spec
+
+
+def _own_group_dying_with(launcher: int):
+    """A job process's `preexec_fn`: its own process group, so that a terminal's Ctrl-C (sent to
+    the foreground group) reaches the launcher alone, which relays it once per Ctrl-C; and, on
+    Linux, SIGKILL when the launcher dies (`prctl(PR_SET_PDEATHSIG)`), so that no process of
+    the job outlives it."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux
+        prctl = None
+
+    def preexec() -> None:
+        os.setpgid(0, 0)
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != launcher:  # the launcher died before the line above
+                os._exit(1)
+
+    return preexec
 
 
 def _status(returncode: int) -> int:
@@ -148,6 +171,7 @@ class Launcher:
             stderr=subprocess.STDOUT,
             text=True,
             errors="replace",
+            preexec_fn=_own_group_dying_with(os.getpid()),
         )
         self.procs[role] = proc
         relay = threading.Thread(target=self._relay_output, args=(role, proc), daemon=True)
