@@ -7,9 +7,10 @@
 For tests and for trying a cluster configuration on one machine. It only starts processes (the
 usual binary, each with its TF_CONFIG and free ports, in a process group of its own and, on
 Linux, dying with the launcher), prefixes their output, relays SIGTERM / SIGINT (a terminal's
-Ctrl-C reaches the launcher alone) and restarts; all training logic stays in the binary. It binds `run_experiment.strategy`
-to the cluster it starts: `multi_worker_mirrored` (N workers, worker 0 is the chief) or, with
-`--ps P`, `parameter_server` (a chief that coordinates, N workers and P parameter servers).
+Ctrl-C reaches the launcher alone) and restarts; all training logic stays in the binary. It
+binds `run_experiment.strategy` to the cluster it starts: `multi_worker_mirrored` (N workers,
+worker 0 is the chief) or, with `--ps P`, `parameter_server` (a chief that coordinates, N
+workers and P parameter servers).
 
 Exit status: 0 when the job succeeded; 75 (130) when SIGTERM (SIGINT) to the launcher or to any
 worker stopped the job: every worker saved the same step and stopped together, and the same
