@@ -200,10 +200,10 @@ def test_cluster_layouts():
     assert len(set(launch.free_ports(4))) == 4
 
 
-def test_each_job_process_has_a_group_of_its_own():
+def test_each_job_process_has_a_session_of_its_own():
     """A terminal's Ctrl-C goes to its foreground process group: the job's processes are not in
     the launcher's, so each gets the launcher's relay alone (a second SIGINT ends a process at
-    once)."""
+    once); in a session of their own, they still read the terminal (next test)."""
     runner, out = launcher({"worker 0": "exit 0 1.0", "worker 1": "exit 0 1.0"})
     groups = {}
 
@@ -211,22 +211,113 @@ def test_each_job_process_has_a_group_of_its_own():
         while len(groups) < 2:
             for role, proc in list(runner.procs.items()):
                 if proc.poll() is None and role not in groups:
-                    groups[role] = (proc.pid, os.getpgid(proc.pid))
+                    groups[role] = (proc.pid, os.getpgid(proc.pid), os.getsid(proc.pid))
             time.sleep(0.01)
 
     threading.Thread(target=note, daemon=True).start()
     assert runner.run() == 0, out.getvalue()
     assert sorted(groups) == [("worker", 0), ("worker", 1)]
-    assert all(pid == group != os.getpgid(0) for pid, group in groups.values()), groups
+    assert all(pid == group == sid != os.getpgid(0) for pid, group, sid in groups.values()), groups
+
+
+PROMPTED = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
+from orbitask.trainers.commands import launch
+runner = launch.Launcher(1, 0, 0, ["--model_dir=unused"])
+runner.command = [sys.executable, "-c", "answer = input('(Pdb) '); print('read', answer)"]
+sys.exit(runner.run())
+"""
+
+
+def test_a_job_process_reads_the_terminal_behind_its_prompt():
+    """A `breakpoint()` in a launched process: its prompt shows before a line ends, and what is
+    typed at the launcher's terminal reaches it (a process of a background group of the
+    terminal's session would be stopped by SIGTTIN and the job would hang)."""
+    import pty
+    import select
+    from pathlib import Path
+
+    repo = str(Path(__file__).resolve().parents[1])
+    pid, fd = pty.fork()
+    if pid == 0:  # the launcher, with the terminal as its controlling terminal
+        os.execv(sys.executable, [sys.executable, "-c", PROMPTED, repo])
+    seen = b""
+
+    def read_until(text: bytes, timeout: float) -> bool:
+        nonlocal seen
+        deadline = time.monotonic() + timeout
+        while text not in seen and time.monotonic() < deadline:
+            if select.select([fd], [], [], 0.1)[0]:
+                try:
+                    seen += os.read(fd, 1024)
+                except OSError:  # the launcher closed the terminal
+                    break
+        return text in seen
+
+    try:
+        assert read_until(b"[worker 0] (Pdb) ", 20), seen
+        os.write(fd, b"continue\n")
+        assert read_until(b"[worker 0] read continue", 10), seen
+        assert read_until(b"the job finished", 10), seen
+    finally:
+        if not os.waitpid(pid, os.WNOHANG)[0]:  # still running: a hung job
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        os.close(fd)
+
+
+def test_the_relay_keeps_each_line_whole_and_shows_a_prompt():
+    """Two processes' output: lines arrive whole behind their prefix, `\\r` and `\\r\\n` end
+    lines, a split UTF-8 character survives, and a prompt (an unfinished line) is shown after
+    `PARTIAL_S`, its line ended before another process writes."""
+    from orbitask.trainers.commands.relay import PARTIAL_S, Relay
+
+    out = io.StringIO()
+    relay = Relay(out, threading.Lock())
+    pipes = {name: os.pipe() for name in ("a", "b")}
+    threads = [
+        threading.Thread(target=relay.follow, args=(f"[{name}] ", os.fdopen(read, "rb")))
+        for name, (read, _) in pipes.items()
+    ]
+    for thread in threads:
+        thread.start()
+
+    def send(name: str, data: bytes, pause: float = 0.05) -> None:
+        os.write(pipes[name][1], data)
+        time.sleep(pause)
+
+    send("a", b"one li")
+    send("a", b"ne\r\ntwo\r")
+    send("a", b"\nthree\rfour \xc3")
+    send("a", b"\xa9\n")
+    send("b", b"(Pdb) ", pause=PARTIAL_S + 0.3)
+    send("a", b"five\n")
+    send("b", b"read\n")
+    send("a", b"last, unended")
+    for _, write in pipes.values():
+        os.close(write)
+    for thread in threads:
+        thread.join(timeout=5)
+    assert out.getvalue().splitlines() == [
+        "[a] one line",
+        "[a] two",
+        "[a] three",
+        "[a] four \u00e9",
+        "[b] (Pdb) ",
+        "[a] five",
+        "[b] read",
+        "[a] last, unended",
+    ], out.getvalue()
 
 
 PARENT = r"""
 import subprocess, sys, time
 sys.path.insert(0, sys.argv[1])
-from trainers.commands.launch import _own_group_dying_with
+from trainers.commands.launch import _own_session_dying_with
 import os
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                         preexec_fn=_own_group_dying_with(os.getpid()))
+                         preexec_fn=_own_session_dying_with(os.getpid()))
 print(child.pid, flush=True)
 time.sleep(60)
 """

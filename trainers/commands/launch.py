@@ -5,12 +5,12 @@
     python -m orbitask.trainers.commands.launch ...                         # the same
 
 For tests and for trying a cluster configuration on one machine. It only starts processes (the
-usual binary, each with its TF_CONFIG and free ports, in a process group of its own and, on
-Linux, dying with the launcher), prefixes their output, relays SIGTERM / SIGINT (a terminal's
-Ctrl-C reaches the launcher alone) and restarts; all training logic stays in the binary. It
-binds `run_experiment.strategy` to the cluster it starts: `multi_worker_mirrored` (N workers,
-worker 0 is the chief) or, with `--ps P`, `parameter_server` (a chief that coordinates, N
-workers and P parameter servers).
+usual binary, each with its TF_CONFIG and free ports, in a session of its own and, on Linux,
+dying with the launcher), prefixes their output (`relay.py`), relays SIGTERM / SIGINT (a
+terminal's Ctrl-C reaches the launcher alone) and restarts; all training logic stays in the
+binary. It binds `run_experiment.strategy` to the cluster it starts: `multi_worker_mirrored`
+(N workers, worker 0 is the chief) or, with `--ps P`, `parameter_server` (a chief that
+coordinates, N workers and P parameter servers).
 
 Exit status: 0 when the job succeeded; 75 (130) when SIGTERM (SIGINT) to the launcher or to any
 worker stopped the job: every worker saved the same step and stopped together, and the same
@@ -44,6 +44,7 @@ import time
 
 from orbitask.trainers.commands.exits import EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_USAGE
 from orbitask.trainers.commands.network import free_ports, loopback_only
+from orbitask.trainers.commands.relay import Relay
 
 STOPPED = (EXIT_PREEMPTED, EXIT_INTERRUPTED)  # saved on a signal: resume, do not restart
 GRACE_S = 60.0  # how long processes get to save and exit after a relayed SIGTERM
@@ -88,18 +89,19 @@ def cluster_spec(roles: list[tuple[str, int]], ports: list[int]) -> dict:
     return spec
 
 
-def _own_group_dying_with(launcher: int):
-    """A job process's `preexec_fn`: its own process group, so that a terminal's Ctrl-C (sent to
-    the foreground group) reaches the launcher alone, which relays it once per Ctrl-C; and, on
-    Linux, SIGKILL when the launcher dies (`prctl(PR_SET_PDEATHSIG)`), so that no process of
-    the job outlives it."""
+def _own_session_dying_with(launcher: int):
+    """A job process's `preexec_fn`: a session of its own, so that a terminal's Ctrl-C (sent to
+    its foreground process group) reaches the launcher alone, which relays it once per Ctrl-C,
+    while the process still reads the terminal (`breakpoint()`; a process of another group of
+    the terminal's session would be stopped by SIGTTIN); and, on Linux, SIGKILL when the launcher
+    dies (`prctl(PR_SET_PDEATHSIG)`), so that no process of the job outlives it."""
     try:
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):  # not Linux
         prctl = None
 
     def preexec() -> None:
-        os.setpgid(0, 0)
+        os.setsid()
         if prctl is not None:
             prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
             if os.getppid() != launcher:  # the launcher died before the line above
@@ -140,6 +142,7 @@ class Launcher:
         ]
         self.out = out or sys.stdout
         self.lock = threading.Lock()
+        self.relay = Relay(self.out, self.lock)
         self.signal_received = None
         self.procs: dict[tuple[str, int], subprocess.Popen] = {}
         self.relays: dict[int, threading.Thread] = {}  # by pid
@@ -149,15 +152,12 @@ class Launcher:
 
     def say(self, text: str) -> None:
         with self.lock:
+            self.relay.close_line()
             self.out.write(f"orbitask launch: {text}\n")
             self.out.flush()
 
     def _relay_output(self, role, proc) -> None:
-        prefix = f"[{_name(role)}] "
-        for line in proc.stdout:
-            with self.lock:
-                self.out.write(prefix + line)
-                self.out.flush()
+        self.relay.follow(f"[{_name(role)}] ", proc.stdout)
 
     def start(self, role: tuple[str, int]) -> None:
         """Starts the process of `role` with its TF_CONFIG; its output is relayed, prefixed."""
@@ -170,9 +170,7 @@ class Launcher:
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",
-            preexec_fn=_own_group_dying_with(os.getpid()),
+            preexec_fn=_own_session_dying_with(os.getpid()),
         )
         self.procs[role] = proc
         relay = threading.Thread(target=self._relay_output, args=(role, proc), daemon=True)
