@@ -2,13 +2,13 @@
 
     .venv/bin/python benchmarks/worker_agreement.py [--workers 2] [--calls 30]
 
-After every device loop the workers of a `multi_worker_mirrored` run agree, each a collective
-over 127.0.0.1 here: on the signals received (`cluster.signal_agreement`, the preemption
-watcher), on the checkpoint's clock (`cluster.any_worker`) and on growing the loops
-(`cluster.every_worker`). This starts `--workers` local processes; each builds the strategy,
-calls each agreement once to warm up, then `--calls` times; worker 0 prints the median
-milliseconds a call. `cluster.smallest` (a gather, which TensorFlow traces anew at every call)
-is timed beside them: the signal agreement was such a gather.
+After every device loop the workers of a `multi_worker_mirrored` run agree, in one collective
+(over 127.0.0.1 here), on the seconds rules' clocks and the signals received (the schedule's
+`cluster.agreement`); after an evaluation on the signals alone (`cluster.signal_agreement`);
+while the first loops grow, on growing them (`cluster.every_worker`). This starts `--workers`
+local processes; each builds the strategy, calls each agreement once to warm up, then `--calls`
+times; worker 0 prints the median milliseconds a call. `cluster.smallest` (a gather, which
+TensorFlow traces anew at every call) is timed beside them, as what a gather would cost.
 """
 
 from __future__ import annotations
@@ -41,10 +41,15 @@ def worker(index: int, ports: list[int], calls: int) -> None:
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     signals = cluster.signal_agreement(strategy)
+    after_loop = cluster.agreement(strategy)
     agreements = {
-        "signals received (`signal_agreement`)": lambda k: signals(k % 3),
-        "checkpoint clock (`any_worker`)": lambda k: cluster.any_worker(strategy, k % 2 == 0),
-        "loop growth (`every_worker`)": lambda k: cluster.every_worker(strategy, True),
+        "after each loop, clocks and signals (`agreement`)": lambda k: after_loop(
+            [(k % 2, 2), (k % 3, 3)]
+        ),
+        "signals alone, after an evaluation (`signal_agreement`)": lambda k: signals(k % 3),
+        "loop growth, the first loops (`every_worker`)": lambda k: cluster.every_worker(
+            strategy, True
+        ),
         "a gather (`smallest`)": lambda k: cluster.smallest(strategy, k),
     }
     rows = []

@@ -224,7 +224,7 @@ def test_worker_agreement_benchmark_times_each_agreement_on_two_workers():
     lines = _benchmark_lines("worker_agreement.py", "--calls", "3")
     assert lines[0] == "2 workers on 127.0.0.1, 3 calls each, worker 0's times:"
     rows = [line.split("|")[1:-1] for line in lines if line.startswith("| ") and "(`" in line]
-    names = ["signal_agreement", "any_worker", "every_worker", "smallest"]
+    names = ["agreement", "signal_agreement", "every_worker", "smallest"]
     assert [row[0].split("`")[1] for row in rows] == names
     assert all(float(row[1]) > 0 for row in rows)
     assert lines[-1] == "Command: `.venv/bin/python benchmarks/worker_agreement.py --calls 3`"

@@ -66,22 +66,47 @@ def test_a_seconds_rule_runs_on_every_worker_when_any_workers_clock_says_so():
     ran, votes, clock = [], [], _Clock()
     trigger = Trigger(every_secs=5.0, clock=clock)
 
-    def any_worker(due):  # another worker's clock passed 5 s
-        votes.append(due)
-        return True
+    def another_worker_due(asked):  # another worker's clock passed 5 s
+        votes.append(list(asked))
+        return [1 for _ in asked]
 
     schedule = Schedule(
         [Periodic("timed", _recording(ran, "timed"), when=trigger)],
         current_step=lambda: 3,
-        agree=any_worker,
+        agree=another_worker_due,
     )
     clock.now = 1.0
     schedule.run({}, start=2)
-    assert votes == [False] and ran == [("timed", None)]
+    assert votes == [[(0, 2)]] and ran == [("timed", None)]
     assert trigger.last_time == 1.0  # its clock restarts when it runs
     clock.now = 7.0
     schedule.run({}, start=3)
-    assert votes == [False, True]
+    assert votes == [[(0, 2)], [(1, 2)]]
+
+
+def test_after_a_loop_the_workers_agree_once_on_every_clock_and_vote():
+    """One `agree` call (one collective) after each loop carries each shared seconds rule's
+    clock and each entry's vote; every entry acts on the agreed values, a local clock on its
+    own, and a voting entry gets its agreed value."""
+    ran, asked, clock = [], [], _Clock()
+    schedule = Schedule(
+        [
+            Periodic("save", _recording(ran, "save"), when=Trigger(every_secs=5.0, clock=clock)),
+            Periodic("lines", _recording(ran, "lines"), when=Trigger(every_secs=1.0, clock=clock),
+                     local=True),
+            Periodic("signals", lambda out: ran.append(("signals", out)), vote=lambda: (1, 3)),
+            Periodic("eval", _recording(ran, "eval"), when=Trigger(every_secs=60.0, clock=clock)),
+        ],
+        current_step=lambda: 3,
+        agree=lambda votes: asked.append(list(votes)) or [0, 2, 1],  # the other workers' say
+    )  # fmt: skip
+    clock.now = 6.0  # the save's 5 s passed here, the evaluation's 60 s did not
+    schedule.run({"loss": 0.5}, start=2)
+    assert asked == [[(1, 2), (1, 3), (0, 2)]]
+    assert ran == [("lines", None), ("signals", {"loss": 0.5, "agreed": 2}), ("eval", None)]
+    alone = Schedule([Periodic("signals", ran.append, vote=lambda: (2, 3))], lambda: 3)
+    alone.run({}, start=2)  # one process: its own values, no agreement
+    assert ran[-1] == {"agreed": 2}
 
 
 def test_first_loop_state_and_local_clock_rules_and_the_start_of_each_entry():
@@ -98,7 +123,7 @@ def test_first_loop_state_and_local_clock_rules_and_the_start_of_each_entry():
             Periodic("window", print, at_start=lambda at: ran.append(("window start", at))),
         ],
         current_step=lambda: step[0],
-        agree=lambda due: votes.append(due) or True,  # another worker's clock would say yes
+        agree=lambda asked: votes.append(asked) or [1] * len(asked),  # another worker's says yes
     )  # fmt: skip
     schedule.start(2)
     assert ran == [("lines start", 2), ("window start", 2)]

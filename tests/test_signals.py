@@ -255,10 +255,13 @@ def test_ctrl_c_in_process_saves_raises_interrupted_and_a_second_one_quits_at_on
 
 
 def test_the_workers_signal_agreement_decodes_the_largest_code():
-    """`cluster.largest`, the multi-worker agreement on the signals received (0 none, 1
-    SIGTERM, 2 SIGINT), sums one flag per code over the replicas and reads the largest back."""
+    """`cluster.largest_each`, the multi-worker agreement after each loop (the signals received:
+    0 none, 1 SIGTERM, 2 SIGINT; each seconds rule's clock: 0 or 1), sums one flag per code over
+    the replicas and reads each vote's largest back, several votes in one all-reduce."""
     from orbitask.trainers.distribution import cluster
 
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    assert [cluster.largest(strategy, code, bound=3) for code in (0, 1, 2)] == [0, 1, 2]
-    assert [cluster.largest(strategy, code, bound=6) for code in (0, 3, 5)] == [0, 3, 5]
+    assert [cluster.largest_each(strategy, [(code, 3)]) for code in (0, 1, 2)] == [[0], [1], [2]]
+    votes = [(1, 2), (0, 3), (5, 6), (0, 2), (2, 3), (3, 6)]
+    assert cluster.largest_each(strategy, votes) == [1, 0, 5, 0, 2, 3]
+    assert cluster.largest_each(strategy, []) == []

@@ -114,12 +114,20 @@ class PreemptionWatcher:
         self._previous = {}
         return False
 
+    def vote(self) -> tuple[int, int]:
+        """This worker's code for the workers' agreement (`Periodic.vote`): 0 no signal, 1
+        SIGTERM, 2 SIGINT, and the bound 3. Eager host Python."""
+        return _SIGNALS.index(self.received), len(_SIGNALS)
+
     def __call__(self, output=None) -> None:
         """After each device loop of training and each evaluation: once a signal was received,
-        saves (where the run trains) and raises `Preempted`; else returns None."""
-        del output
-        if self.agree is not None:  # every worker, at the same point
-            agreed = _SIGNALS[self.agree(_SIGNALS.index(self.received))]
+        on this worker or (`output["agreed"]`, the schedule's agreement on `vote`; else `agree`)
+        on any, saves (where the run trains) and raises `Preempted`; else returns None."""
+        code = (output or {}).get("agreed")
+        if code is None and self.agree is not None:  # every worker, at the same point
+            code = self.agree(_SIGNALS.index(self.received))
+        if code is not None:
+            agreed = _SIGNALS[code]
             if agreed is not None:
                 self._stopping(agreed)  # where another worker's signal stops this one
                 self.received = agreed  # the same exit status on every worker

@@ -59,6 +59,9 @@ class Periodic:
         that each worker does for itself); otherwise every worker runs it when any is due.
       at_start: `at_start(step)` once before the first device loop, with the step training
         starts from (`Schedule.start`); None: nothing.
+      vote: `vote() -> (value, bound)`, this worker's value (an int in [0, bound)) that every
+        worker must agree on after each device loop; `action` gets the largest of them as
+        `output["agreed"]`. None: no vote.
     """
 
     name: str
@@ -67,6 +70,7 @@ class Periodic:
     ends_loop: bool = False
     local: bool = False
     at_start: Callable[[int], Any] | None = None
+    vote: Callable[[], tuple[int, int]] | None = None
 
 
 class Schedule:
@@ -76,15 +80,17 @@ class Schedule:
       entries: the entries, in the order they run.
       current_step: `current_step() -> int`, the global step now (an earlier entry may move it:
         a NaN rollback, `go_back`).
-      agree: `agree(due) -> due` on every worker (a collective under `multi_worker_mirrored`):
-        a seconds rule is due on every worker when it is due on any. None: this process alone.
+      agree: `agree(votes) -> values`, for each `(value, bound)` the largest value over the
+        workers (`cluster.largest_each`: one collective under `multi_worker_mirrored`), called
+        once after each device loop with the entries' votes and their seconds rules' clocks: a
+        seconds rule is due on every worker when it is due on any. None: this process alone.
     """
 
     def __init__(
         self,
         entries: Iterable[Periodic],
         current_step: Callable[[], int],
-        agree: Callable[[bool], bool] | None = None,
+        agree: Callable[[list[tuple[int, int]]], list[int]] | None = None,
     ):
         self.entries = list(entries)
         self.current_step = current_step
@@ -129,24 +135,39 @@ class Schedule:
     def run(self, output: dict, start: int) -> None:
         """After a device loop that started at step `start`: runs every due entry, in order,
         with the loop's `output`, and records each `Trigger` entry's run. Eager; None."""
-        for entry in self.entries:
+        agreed = self._agreed()
+        for i, entry in enumerate(self.entries):
             when = entry.when
             self.running = entry.name  # left set when it raises (`trainers.engine.step_errors`)
+            given = output if entry.vote is None else {**output, "agreed": agreed[i, "vote"]}
             if not isinstance(when, Trigger):
-                entry.action(output)
+                entry.action(given)
                 continue
             step = self.current_step()
-            if self._due(entry, start, step):
-                entry.action(output)
+            if self._due(when, start, step, agreed.get((i, "clock"))):
+                entry.action(given)
                 when.fired(step)
         self.running = None
 
-    def _due(self, entry: Periodic, start: int, step: int) -> bool:
-        # Step rules and states agree on every worker; the clock is this worker's.
-        trigger = entry.when
+    def _agreed(self) -> dict[tuple[int, str], int]:
+        """Every worker's agreement after a loop, in one `agree` call: each entry's vote, and
+        whether each shared seconds rule is due on any worker's clock."""
+        votes = {}
+        for i, entry in enumerate(self.entries):
+            if entry.vote is not None:
+                votes[i, "vote"] = entry.vote()
+            clock = isinstance(entry.when, Trigger) and entry.when.every_secs is not None
+            if clock and not entry.local:
+                votes[i, "clock"] = (int(entry.when.time_due()), 2)
+        values = [value for value, _ in votes.values()]
+        if self.agree is not None and votes:
+            values = self.agree(list(votes.values()))
+        return dict(zip(votes, values, strict=True))
+
+    def _due(self, trigger: Trigger, start: int, step: int, agreed_clock: int | None) -> bool:
+        # Step rules and states agree on every worker; a local clock is this worker's.
         if (step > start and trigger.step_due(step, since=start)) or trigger.state_due():
             return True
         if trigger.every_secs is None:
             return False
-        due = trigger.time_due()
-        return self.agree(due) if self.agree is not None and not entry.local else due
+        return trigger.time_due() if agreed_clock is None else bool(agreed_clock)

@@ -35,7 +35,7 @@ class Trigger:
     `due(step)` asks; `fired(step)` records that the work ran (it restarts the seconds clock).
     The step rules are pure functions of the step, so every worker of a multi-worker run agrees
     on them; the seconds rule reads this process's clock (agree on it across workers before
-    acting, e.g. with `cluster.any_worker`).
+    acting: `Schedule` does, with `cluster.agreement`).
 
     Args:
       every_steps: due at every step that is a multiple of this positive int; None: never.

@@ -17,9 +17,10 @@ tasks only serve TensorFlow's runtime (`serve`) until the job stops them.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
@@ -78,16 +79,9 @@ def all_replica_values(strategy: tf.distribute.Strategy, value) -> tuple:
     return (strategy.gather(value, axis=0),)
 
 
-def any_worker(strategy: tf.distribute.Strategy, flag: bool) -> bool:
-    """Whether `flag` holds on any worker. Eager; under `multi_worker_mirrored` a collective
-    (every worker must call it at the same point), else `flag` itself."""
-    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        return flag
-    return _replicas_with(strategy, flag) > 0
-
-
 def every_worker(strategy: tf.distribute.Strategy, flag: bool) -> bool:
-    """Whether `flag` holds on every worker; eager, a collective as in `any_worker`."""
+    """Whether `flag` holds on every worker. Eager; under `multi_worker_mirrored` a collective
+    (every worker must call it at the same point), else `flag` itself."""
     if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return flag
     return _replicas_with(strategy, flag) == strategy.num_replicas_in_sync
@@ -95,7 +89,7 @@ def every_worker(strategy: tf.distribute.Strategy, flag: bool) -> bool:
 
 def smallest(strategy: tf.distribute.Strategy, value: int) -> int:
     """The smallest of every worker's `value`. Eager; under `multi_worker_mirrored` a collective
-    as in `any_worker`, else `value` itself."""
+    as in `every_worker`, else `value` itself."""
     if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return value
     values = strategy.experimental_distribute_values_from_function(
@@ -104,26 +98,42 @@ def smallest(strategy: tf.distribute.Strategy, value: int) -> int:
     return int(tf.reduce_min(strategy.gather(values, axis=0)))
 
 
-def signal_agreement(strategy: tf.distribute.Strategy) -> Callable[[int], int] | None:
-    """`PreemptionWatcher.agree` for `strategy`: with several `multi_worker_mirrored` workers,
-    the largest of every worker's code (a collective, as in `any_worker`); else None."""
+def agreement(strategy: tf.distribute.Strategy) -> Callable[[list], list[int]] | None:
+    """`Schedule.agree` for `strategy`: with several `multi_worker_mirrored` workers,
+    `largest_each` on it (a collective); else None (a process decides alone)."""
     if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return None
     if not strategy.cluster_resolver.cluster_spec().jobs:
         return None
-    return lambda code: largest(strategy, code, bound=3)
+    return functools.partial(largest_each, strategy)
 
 
-def largest(strategy: tf.distribute.Strategy, value: int, bound: int) -> int:
-    """The largest of every worker's `value`, an int in [0, bound). Eager; one SUM all-reduce of
-    `bound - 1` flags (`value >= 1`, `value >= 2`, ...), a collective as in `any_worker`: a
-    gather would trace a new function at every call (tens of ms after each device loop)."""
-    flags = [int(value >= v) for v in range(1, bound)]
+def signal_agreement(strategy: tf.distribute.Strategy) -> Callable[[int], int] | None:
+    """`PreemptionWatcher.agree` for `strategy`: with several `multi_worker_mirrored` workers,
+    the largest of every worker's code (0 none, 1 SIGTERM, 2 SIGINT: `largest_each`); else
+    None."""
+    agree = agreement(strategy)
+    return None if agree is None else lambda code: agree([(code, 3)])[0]
+
+
+def largest_each(strategy: tf.distribute.Strategy, votes: Sequence[tuple[int, int]]) -> list[int]:
+    """For each `(value, bound)` of `votes`, the largest of every replica's `value`, an int in
+    [0, bound). Eager; one SUM all-reduce of each vote's `bound - 1` flags (`value >= 1`,
+    `value >= 2`, ...), under `multi_worker_mirrored` a collective as in `every_worker` (a
+    gather would trace a new function at every call: tens of ms after each device loop).
+    Returns the list."""
+    if not votes:
+        return []
+    flags = [int(value >= v) for value, bound in votes for v in range(1, bound)]
     per_replica = strategy.experimental_distribute_values_from_function(
         lambda _: tf.constant(flags, tf.int32)
     )
-    counts = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None).numpy()
-    return int((counts > 0).sum())  # every worker's flags are 1s, then 0s
+    counts = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None).numpy() > 0
+    agreed, first = [], 0
+    for _, bound in votes:  # every replica's flags of a vote are 1s, then 0s
+        agreed.append(int(counts[first : first + bound - 1].sum()))
+        first += bound - 1
+    return agreed
 
 
 def _replicas_with(strategy: tf.distribute.Strategy, flag: bool) -> int:

@@ -31,9 +31,9 @@ loop-ending entry is due. Its additions:
   back: `ValidationControl.go_back`).
 - `train_and_evaluate(..., eval_seconds=T)` also evaluates at the end of the first device loop
   that ends T seconds of training after the last evaluation (evaluation time not counted),
-  on every worker when any worker's clock says so (`cluster.any_worker`, a collective after
-  every loop, as the checkpoint time rule). Such a point depends on the clock: a resumed run
-  evaluates at the steps its own clock picks.
+  on every worker when any worker's clock says so (the schedule's one agreement after each
+  loop, `cluster.largest_each`, as for the checkpoint time rule and the signals received).
+  Such a point depends on the clock: a resumed run evaluates at the steps its own clock picks.
 - `evaluate_continuously(..., waiting=)` holds `waiting()` while it waits for each new
   checkpoint; `save_now()` saves the state at the current step unless the newest checkpoint
   holds it (a preempted run's last save).
@@ -42,7 +42,6 @@ loop-ending entry is due. Its additions:
 from __future__ import annotations
 
 import contextlib
-import functools
 import time
 from collections.abc import Callable, Sequence
 
@@ -122,7 +121,7 @@ class Controller(orbit.Controller):
                 self._checkpoint_entry(),
             ],
             current_step=self._step_now,
-            agree=functools.partial(cluster.any_worker, self.strategy),
+            agree=cluster.agreement(self.strategy),
         )
 
     def train(self, steps: int, checkpoint_at_completion: bool = True) -> None:

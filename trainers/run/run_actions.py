@@ -81,7 +81,8 @@ def train_entries(
         entries.append(profiler.entry())
     if nan_guard is not None:
         entries.append(nan_guard)  # before the Controller's checkpoint: a rollback precedes it
-    entries.append(Periodic("preemption", preemption))  # saves the state the others left
+    # after every entry that changes state; every worker stops at the same step (its vote)
+    entries.append(Periodic("preemption", preemption, vote=preemption.vote))
     if model_dir_check is not None:  # before anything writes into the model directory
         entries.append(Periodic("model_dir", lambda _: model_dir_check()))
     return entries
