@@ -265,3 +265,30 @@ def test_the_workers_signal_agreement_decodes_the_largest_code():
     votes = [(1, 2), (0, 3), (5, 6), (0, 2), (2, 3), (3, 6)]
     assert cluster.largest_each(strategy, votes) == [1, 0, 5, 0, 2, 3]
     assert cluster.largest_each(strategy, []) == []
+
+
+def test_a_signal_after_a_workers_vote_stops_it_with_the_others_at_the_next_agreement():
+    """With several workers the agreed code alone decides: a SIGTERM that reaches this worker
+    while the workers agree on "no signal" (during the collective, or in the schedule after its
+    vote) lets it go on with the others, and stops them all at the next agreement; stopping
+    alone would leave the others waiting in a collective it never joins."""
+    from orbitask.trainers.actions.preemption import PreemptionWatcher
+    from orbitask.trainers.errors import Preempted
+
+    votes = []
+
+    def agree(code):  # the collective: SIGTERM lands while it runs; no other worker had one
+        votes.append(code)
+        if len(votes) == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return code
+
+    watcher = PreemptionWatcher(lambda: 7, stopped=lambda name, step: f"{name} at step {step}")
+    with watcher:
+        watcher.take_back(agree=agree)
+        watcher()  # the workers agreed on no signal: this one goes on too
+        assert watcher.received == signal.SIGTERM
+        watcher({"agreed": 0})  # the schedule's agreement, voted before the signal
+        with pytest.raises(Preempted, match="SIGTERM at step 7"):
+            watcher()  # its vote now says SIGTERM: every worker stops here
+    assert votes == [0, 1]

@@ -126,11 +126,12 @@ class PreemptionWatcher:
         code = (output or {}).get("agreed")
         if code is None and self.agree is not None:  # every worker, at the same point
             code = self.agree(_SIGNALS.index(self.received))
-        if code is not None:
-            agreed = _SIGNALS[code]
-            if agreed is not None:
-                self._stopping(agreed)  # where another worker's signal stops this one
-                self.received = agreed  # the same exit status on every worker
+        if code is not None:  # the agreed code alone decides, the same on every worker: a
+            # signal that came after this worker's vote stops them all at the next agreement
+            if _SIGNALS[code] is None:
+                return
+            self._stopping(_SIGNALS[code])  # where another worker's signal stops this one
+            self.received = _SIGNALS[code]  # the same exit status on every worker
         if self.received is None:
             return
         name, step = signal.Signals(self.received).name, self.current_step()

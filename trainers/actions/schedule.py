@@ -60,8 +60,8 @@ class Periodic:
       at_start: `at_start(step)` once before the first device loop, with the step training
         starts from (`Schedule.start`); None: nothing.
       vote: `vote() -> (value, bound)`, this worker's value (an int in [0, bound)) that every
-        worker must agree on after each device loop; `action` gets the largest of them as
-        `output["agreed"]`. None: no vote.
+        worker must agree on after each device loop; with several workers `action` gets the
+        largest of them as `output["agreed"]`, read before any entry ran. None: no vote.
     """
 
     name: str
@@ -139,7 +139,8 @@ class Schedule:
         for i, entry in enumerate(self.entries):
             when = entry.when
             self.running = entry.name  # left set when it raises (`trainers.engine.step_errors`)
-            given = output if entry.vote is None else {**output, "agreed": agreed[i, "vote"]}
+            vote = agreed.get((i, "vote"))
+            given = output if vote is None else {**output, "agreed": vote}
             if not isinstance(when, Trigger):
                 entry.action(given)
                 continue
@@ -151,7 +152,10 @@ class Schedule:
 
     def _agreed(self) -> dict[tuple[int, str], int]:
         """Every worker's agreement after a loop, in one `agree` call: each entry's vote, and
-        whether each shared seconds rule is due on any worker's clock."""
+        whether each shared seconds rule is due on any worker's clock. Empty without `agree`
+        (one process: each entry reads its own state and clock at its turn)."""
+        if self.agree is None:
+            return {}
         votes = {}
         for i, entry in enumerate(self.entries):
             if entry.vote is not None:
@@ -159,10 +163,7 @@ class Schedule:
             clock = isinstance(entry.when, Trigger) and entry.when.every_secs is not None
             if clock and not entry.local:
                 votes[i, "clock"] = (int(entry.when.time_due()), 2)
-        values = [value for value, _ in votes.values()]
-        if self.agree is not None and votes:
-            values = self.agree(list(votes.values()))
-        return dict(zip(votes, values, strict=True))
+        return dict(zip(votes, self.agree(list(votes.values())) if votes else [], strict=True))
 
     def _due(self, trigger: Trigger, start: int, step: int, agreed_clock: int | None) -> bool:
         # Step rules and states agree on every worker; a local clock is this worker's.
