@@ -200,10 +200,10 @@ def test_cluster_layouts():
     assert len(set(launch.free_ports(4))) == 4
 
 
-def test_each_job_process_has_a_session_of_its_own():
+def test_each_job_process_is_detached_from_the_terminal():
     """A terminal's Ctrl-C goes to its foreground process group: the job's processes are not in
     the launcher's, so each gets the launcher's relay alone (a second SIGINT ends a process at
-    once); in a session of their own, they still read the terminal (next test)."""
+    once); without a controlling terminal they still read it (next test)."""
     runner, out = launcher({"worker 0": "exit 0 1.0", "worker 1": "exit 0 1.0"})
     groups = {}
 
@@ -233,7 +233,7 @@ sys.exit(runner.run())
 def test_a_job_process_reads_the_terminal_behind_its_prompt():
     """A `breakpoint()` in a launched process: its prompt shows before a line ends, and what is
     typed at the launcher's terminal reaches it (a process of a background group of the
-    terminal's session would be stopped by SIGTTIN and the job would hang)."""
+    terminal would be stopped by SIGTTIN and the job would hang)."""
     import pty
     import select
     from pathlib import Path
@@ -314,10 +314,10 @@ def test_the_relay_keeps_each_line_whole_and_shows_a_prompt():
 PARENT = r"""
 import subprocess, sys, time
 sys.path.insert(0, sys.argv[1])
-from trainers.commands.launch import _own_session_dying_with
+from trainers.commands.launch import _detached_dying_with
 import os
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                         preexec_fn=_own_session_dying_with(os.getpid()))
+                         preexec_fn=_detached_dying_with(os.getpid()))
 print(child.pid, flush=True)
 time.sleep(60)
 """

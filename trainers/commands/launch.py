@@ -5,7 +5,7 @@
     python -m orbitask.trainers.commands.launch ...                         # the same
 
 For tests and for trying a cluster configuration on one machine. It only starts processes (the
-usual binary, each with its TF_CONFIG and free ports, in a session of its own and, on Linux,
+usual binary, each with its TF_CONFIG and free ports, detached from the terminal and, on Linux,
 dying with the launcher), prefixes their output (`relay.py`), relays SIGTERM / SIGINT (a
 terminal's Ctrl-C reaches the launcher alone) and restarts; all training logic stays in the
 binary. It binds `run_experiment.strategy` to the cluster it starts: `multi_worker_mirrored`
@@ -89,12 +89,13 @@ def cluster_spec(roles: list[tuple[str, int]], ports: list[int]) -> dict:
     return spec
 
 
-def _own_session_dying_with(launcher: int):
-    """A job process's `preexec_fn`: a session of its own, so that a terminal's Ctrl-C (sent to
-    its foreground process group) reaches the launcher alone, which relays it once per Ctrl-C,
-    while the process still reads the terminal (`breakpoint()`; a process of another group of
-    the terminal's session would be stopped by SIGTTIN); and, on Linux, SIGKILL when the launcher
-    dies (`prctl(PR_SET_PDEATHSIG)`), so that no process of the job outlives it."""
+def _detached_dying_with(launcher: int):
+    """A job process's `preexec_fn`: detached from the terminal (`setsid()`: no controlling
+    terminal), so that a terminal's Ctrl-C (sent to its foreground process group) reaches the
+    launcher alone, which relays it once per Ctrl-C, while the process still reads the terminal
+    (`breakpoint()`; a background process group of the terminal would be stopped by SIGTTIN);
+    and, on Linux, SIGKILL when the launcher dies (`prctl(PR_SET_PDEATHSIG)`), so that no
+    process of the job outlives it."""
     try:
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):  # not Linux
@@ -170,7 +171,7 @@ class Launcher:
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            preexec_fn=_own_session_dying_with(os.getpid()),
+            preexec_fn=_detached_dying_with(os.getpid()),
         )
         self.procs[role] = proc
         relay = threading.Thread(target=self._relay_output, args=(role, proc), daemon=True)
