@@ -188,8 +188,8 @@ def test_sigterm_to_the_launcher_stops_both_workers_after_one_shard_and_the_reru
 ):
     """SIGTERM to `orbitask launch` while 2 workers predict (TensorFlow's multi-worker runtime
     has a SIGTERM handler that only logs), or a terminal's Ctrl-C (SIGINT to the launcher's
-    process group: the workers have groups of their own, so each gets the launcher's relay
-    only, not a second SIGINT that would end it at once): both stop after the same shard, exit
+    process group: the workers are detached from the terminal, so each gets the launcher's
+    relay only, not a second SIGINT that would end it at once): both stop after the same shard, exit
     75 (130) with one line each, as does the launcher; the same command predicts the rest,
     every example once."""
     model_dir, inputs, expected = trained

@@ -5,7 +5,7 @@ import orbit
 import pytest
 
 from orbitask import NanGuard, run_experiment
-from orbitask.trainers.actions.schedule import Periodic, Schedule
+from orbitask.trainers.actions.schedule import AGREED, Periodic, Schedule
 from orbitask.trainers.actions.triggers import Trigger
 from orbitask.trainers.run.controller import Controller
 from tests.helpers import StepTrainer, TinyTask
@@ -103,7 +103,7 @@ def test_after_a_loop_the_workers_agree_once_on_every_clock_and_vote():
     clock.now = 6.0  # the save's 5 s passed here, the evaluation's 60 s did not
     schedule.run({"loss": 0.5}, start=2)
     assert asked == [[(1, 2), (1, 3), (0, 2)]]
-    assert ran == [("lines", None), ("signals", {"loss": 0.5, "agreed": 2}), ("eval", None)]
+    assert ran == [("lines", None), ("signals", {"loss": 0.5, AGREED: 2}), ("eval", None)]
     alone = Schedule([Periodic("signals", ran.append, vote=lambda: (2, 3))], lambda: 3)
     alone.run({}, start=2)  # one process: no agreement, the entry reads its own state
     assert ran[-1] == {}

@@ -273,6 +273,7 @@ def test_a_signal_after_a_workers_vote_stops_it_with_the_others_at_the_next_agre
     vote) lets it go on with the others, and stops them all at the next agreement; stopping
     alone would leave the others waiting in a collective it never joins."""
     from orbitask.trainers.actions.preemption import PreemptionWatcher
+    from orbitask.trainers.actions.schedule import AGREED
     from orbitask.trainers.errors import Preempted
 
     votes = []
@@ -288,7 +289,7 @@ def test_a_signal_after_a_workers_vote_stops_it_with_the_others_at_the_next_agre
         watcher.take_back(agree=agree)
         watcher()  # the workers agreed on no signal: this one goes on too
         assert watcher.received == signal.SIGTERM
-        watcher({"agreed": 0})  # the schedule's agreement, voted before the signal
+        watcher({AGREED: 0})  # the schedule's agreement, voted before the signal
         with pytest.raises(Preempted, match="SIGTERM at step 7"):
             watcher()  # its vote now says SIGTERM: every worker stops here
     assert votes == [0, 1]

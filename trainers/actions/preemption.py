@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 
 from absl import logging
 
+from orbitask.trainers.actions.schedule import AGREED
 from orbitask.trainers.errors import Interrupted, Preempted
 
 _SIGNALS = (None, signal.SIGTERM, signal.SIGINT)  # `agree`'s codes: the largest one wins
@@ -121,17 +122,18 @@ class PreemptionWatcher:
 
     def __call__(self, output=None) -> None:
         """After each device loop of training and each evaluation: once a signal was received,
-        on this worker or (`output["agreed"]`, the schedule's agreement on `vote`; else `agree`)
+        on this worker or (`output[AGREED]`, the schedule's agreement on `vote`; else `agree`)
         on any, saves (where the run trains) and raises `Preempted`; else returns None."""
-        code = (output or {}).get("agreed")
+        code = (output or {}).get(AGREED)
         if code is None and self.agree is not None:  # every worker, at the same point
             code = self.agree(_SIGNALS.index(self.received))
         if code is not None:  # the agreed code alone decides, the same on every worker: a
             # signal that came after this worker's vote stops them all at the next agreement
-            if _SIGNALS[code] is None:
+            agreed = _SIGNALS[code]
+            if agreed is None:
                 return
-            self._stopping(_SIGNALS[code])  # where another worker's signal stops this one
-            self.received = _SIGNALS[code]  # the same exit status on every worker
+            self._stopping(agreed)  # where another worker's signal stops this one
+            self.received = agreed  # the same exit status on every worker
         if self.received is None:
             return
         name, step = signal.Signals(self.received).name, self.current_step()

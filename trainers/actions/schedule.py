@@ -41,6 +41,8 @@ from typing import Any
 from orbitask.trainers.actions import triggers
 from orbitask.trainers.actions.triggers import Trigger
 
+AGREED = "orbitask.agreed"  # the output key of a voting entry's agreed value (no log's name)
+
 
 @dataclasses.dataclass(frozen=True)
 class Periodic:
@@ -61,7 +63,7 @@ class Periodic:
         starts from (`Schedule.start`); None: nothing.
       vote: `vote() -> (value, bound)`, this worker's value (an int in [0, bound)) that every
         worker must agree on after each device loop; with several workers `action` gets the
-        largest of them as `output["agreed"]`, read before any entry ran. None: no vote.
+        largest of them as `output[AGREED]`, read before any entry ran. None: no vote.
     """
 
     name: str
@@ -140,7 +142,7 @@ class Schedule:
             when = entry.when
             self.running = entry.name  # left set when it raises (`trainers.engine.step_errors`)
             vote = agreed.get((i, "vote"))
-            given = output if vote is None else {**output, "agreed": vote}
+            given = output if vote is None else {**output, AGREED: vote}
             if not isinstance(when, Trigger):
                 entry.action(given)
                 continue
