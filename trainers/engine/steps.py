@@ -11,7 +11,8 @@
 accumulation) the task's `compute_update` over K micro-batches followed by `apply_gradients`.
 `GuardedBody` computes the update on every replica and applies it only when every loss and the
 all-reduced gradient (before the task's `update_pre` fixes it) are finite: NaN guard, float16 loss
-scaling.
+scaling. `traced_once` traces the step once for the device loop, which calls that trace at
+every step.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from absl import logging
 from orbitask.common import keras_compat
 from orbitask.tasks import replica_logs
 from orbitask.trainers.engine.replica_batches import ReplicaBatches
+from orbitask.trainers.state import random_state
 
 
 @dataclasses.dataclass
@@ -282,3 +284,35 @@ class TrainStep:
         if self.schedule is not None:
             self.schedule.step_update(self.objects.global_step, self.objects.optimizer)
         return self.finish(*self.body(batch))
+
+
+def traced_once(step: Any, iterator: Any, loop: Any) -> tuple[Any, Any, list]:
+    """The step traced once, as a function the device loop calls at every step; zeros shaped like
+    its logs, the loop's value before its first step; and the shape invariants of those whose
+    shape a step leaves open. Traced, in the loop function; returns `(traced, logs, invariants)`.
+
+    The loop's `tf.while_loop` calls that one trace at every step (a call costs no more per
+    step than the step traced in place: benchmarks/RESULTS.md), so the step is not traced again
+    and a loop of any length runs the same ops: a stateful random op of the step (a
+    `tf.random.normal` in a stage) draws one sequence whatever the loop lengths. Such ops are
+    named in one line (`random_state.unsaved_step_draws`), once per trainer
+    (`loop.named_draws`, the trainer's record of its loops): a checkpoint cannot hold their state.
+    """
+    traced = tf.function(step).get_concrete_function(iterator)
+    if not loop.named_draws:
+        loop.named_draws = True
+        draws = random_state.unsaved_step_draws(traced.graph)
+        if draws:
+            random_state.say_unsaved("the train step", draws, random_state.STEP_FIX)
+    outputs = traced.structured_outputs
+    logs, invariants = [], []
+    for value in tf.nest.flatten(outputs):
+        value = tf.convert_to_tensor(value)
+        shape = value.shape
+        zero = tf.zeros(
+            [d or 0 for d in shape.as_list()] if shape.rank is not None else [], value.dtype
+        )
+        if not shape.is_fully_defined():
+            invariants.append((zero, shape))
+        logs.append(zero)
+    return traced, tf.nest.pack_sequence_as(outputs, logs), invariants

@@ -11,7 +11,8 @@ Hook order, as the Controller drives it::
                               so loops of any length run the same ops):
         logs = step(train_iterator)             # steps.TrainStep: batches to replicas,
                                                 #   strategy.run, replica mean, global_step += 1
-        (and, for deferred callbacks, append the step's scalar logs to a TensorArray)
+        (and, for deferred callbacks, append the step's scalar logs to a TensorArray,
+         whose last row gives the loop's last float32 scalar logs back)
       return train_loop_end(last logs, metric results, lr, step)   # read in one go
     # then the Controller's actions: host callbacks (every_steps / at_step), progress, checkpoint
 
@@ -28,6 +29,7 @@ import tensorflow as tf
 
 from orbitask.common import keras_compat
 from orbitask.tasks import eval_logs
+from orbitask.trainers.engine import steps
 from orbitask.trainers.engine.evaluation import TaskEvaluator
 from orbitask.trainers.engine.step_errors import refuse_hidden_logs
 from orbitask.trainers.state import random_state
@@ -182,6 +184,15 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         self._history_keys = sorted(k for k, v in scalars.items() if v.shape.rank == 0)
         return tf.stack([tf.cast(scalars[k], tf.float32) for k in self._history_keys])
 
+    def _not_in_rows(self, logs: dict) -> dict:
+        """The logs a history row does not hold exactly (not float32 scalars, or named like a
+        train metric or `learning_rate`, whose values the row holds under that name)."""
+        taken = {m.name for m in self.train_metrics} | {"learning_rate"}
+        return {
+            k: v for k, v in logs.items()
+            if k in taken or v.dtype != tf.float32 or v.shape.rank != 0
+        }  # fmt: skip
+
     def create_train_loop_fn(self):
         """A tf.function running `num_steps` steps and returning the last step's logs."""
         step = self.train_step
@@ -218,7 +229,7 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         def loop(iterator, num_steps):
             if sync:
                 self.objects.learning_rate.sync(self.optimizer)
-            traced, logs, invariants = _traced_step(step, iterator, self._loop)
+            traced, logs, invariants = steps.traced_once(step, iterator, self._loop)
             i = tf.zeros_like(num_steps)
             while more(i, num_steps):  # a tripped NaN guard hands over to the host
                 tf.autograph.experimental.set_loop_options(shape_invariants=invariants)
@@ -230,15 +241,23 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         def recording_loop(iterator, num_steps):
             if sync:
                 self.objects.learning_rate.sync(self.optimizer)
-            traced, logs, invariants = _traced_step(step, iterator, self._loop)
+            traced, logs, invariants = steps.traced_once(step, iterator, self._loop)
+            # The rows hold the float32 scalar logs, so the loop carries only the others: a
+            # log carried as well as recorded costs about 2% of the MLP's step (RESULTS.md).
+            before, carried = record(logs), self._not_in_rows(logs)
             history = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
             i = tf.zeros_like(num_steps)
             while more(i, num_steps):
                 tf.autograph.experimental.set_loop_options(shape_invariants=invariants)
-                logs = traced(iterator)
-                history = history.write(i, record(logs))
+                step_logs = traced(iterator)
+                history = history.write(i, record(step_logs))
+                carried = {k: step_logs[k] for k in carried}
                 i += 1
-            return self._loop_output(logs, history.stack())
+            rows = history.stack()
+            last = tf.concat([before[tf.newaxis], rows], 0)[i]  # `before` after no step
+            keys = self._history_keys
+            logs = {k: carried[k] if k in carried else last[keys.index(k)] for k in logs}
+            return self._loop_output(logs, rows)
 
         return recording_loop if record else loop
 
@@ -303,38 +322,6 @@ class _LoopRecord:
         self.history: tuple[int, dict] = (0, {})
         self.named_draws = False  # the step's unsaved random ops were named (first trace)
         self.log_names: list[str] = []  # the step's log keys, as traced
-
-
-def _traced_step(step: Any, iterator: Any, loop: _LoopRecord) -> tuple[Any, Any, list]:
-    """The step traced once, as a function the device loop calls at every step; zeros shaped like
-    its logs, the loop's value before its first step; and the shape invariants of those whose
-    shape a step leaves open. Traced, in the loop function; returns `(traced, logs, invariants)`.
-
-    The loop's `tf.while_loop` calls that one trace at every step (a call costs no more per
-    step than the step traced in place: benchmarks/RESULTS.md), so the step is not traced again
-    and a loop of any length runs the same ops: a stateful random op of the step (a
-    `tf.random.normal` in a stage) draws one sequence whatever the loop lengths. Such ops are
-    named in one line (`random_state.unsaved_step_draws`), once per trainer
-    (`loop.named_draws`): a checkpoint cannot hold their state.
-    """
-    traced = tf.function(step).get_concrete_function(iterator)
-    if not loop.named_draws:
-        loop.named_draws = True
-        draws = random_state.unsaved_step_draws(traced.graph)
-        if draws:
-            random_state.say_unsaved("the train step", draws, random_state.STEP_FIX)
-    outputs = traced.structured_outputs
-    logs, invariants = [], []
-    for value in tf.nest.flatten(outputs):
-        value = tf.convert_to_tensor(value)
-        shape = value.shape
-        zero = tf.zeros(
-            [d or 0 for d in shape.as_list()] if shape.rank is not None else [], value.dtype
-        )
-        if not shape.is_fully_defined():
-            invariants.append((zero, shape))
-        logs.append(zero)
-    return traced, tf.nest.pack_sequence_as(outputs, logs), invariants
 
 
 def _trainable_signature(model: Any) -> tuple:
