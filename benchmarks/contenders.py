@@ -45,7 +45,10 @@ def _mirrored_or_one_device(replicas: int) -> tf.distribute.Strategy:
 
 
 def reference_loop(
-    workload: workloads.Workload, replicas: int, built: tuple | None = None
+    workload: workloads.Workload,
+    replicas: int,
+    built: tuple | None = None,
+    prefetch: int | None = None,
 ) -> tuple[Callable, object]:
     """Builds the hand-written loop; returns `(train_loop, iterator)`. Eager.
 
@@ -65,7 +68,7 @@ def reference_loop(
     if replicas == 1:
         # One device takes the batch as it is: a plain iterator skips the distributed
         # iterator's per-step work (~0.16 ms/step on the MLP), the fastest loop we know.
-        iterator = iter(workloads.dataset(workload.name, global_batch))
+        iterator = iter(workloads.dataset(workload.name, global_batch, prefetch=prefetch))
     else:
         iterator = iter(
             strategy.distribute_datasets_from_function(
@@ -109,10 +112,15 @@ def reference_loop(
 
 
 def run_reference(
-    workload: workloads.Workload, replicas: int, gate: Gate, windows: int, steps_per_call: int
+    workload: workloads.Workload,
+    replicas: int,
+    gate: Gate,
+    windows: int,
+    steps_per_call: int,
+    prefetch: int | None = None,
 ) -> dict:
     """The hand-written loop: `steps_per_call` steps per `tf.function` call. Eager driver."""
-    train_loop, iterator = reference_loop(workload, replicas)
+    train_loop, iterator = reference_loop(workload, replicas, prefetch=prefetch)
     calls = workload.window // steps_per_call
     num_steps = tf.constant(steps_per_call)
     for _ in range(windows + 1):

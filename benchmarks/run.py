@@ -74,7 +74,7 @@ PLANS = {
             for w in MODELS
         ],
     ),
-    "tiny": (1, 10, 0, [Group("mlp", 1, ["reference", "orbitask"], 20)]),
+    "tiny": (1, 10, 0, [Group("mlp", 1, ["reference", "reference-bounded", "orbitask"], 20)]),
 }
 
 

@@ -24,6 +24,7 @@ import time
 CONTENDERS = (
     "reference",
     "reference-window",
+    "reference-bounded",
     "orbitask",
     "orbitask-fixed",
     "orbitask-quiet",
@@ -135,6 +136,8 @@ def main(argv: list[str] | None = None) -> None:
         extra = contenders.run_reference(**common, steps_per_call=n)
     elif name == "reference-window":  # loops as long as orbitask's grown ones, cut at windows
         extra = contenders.run_reference(**common, steps_per_call=workload.window)
+    elif name == "reference-bounded":  # orbitask's default bound on the final prefetch
+        extra = contenders.run_reference(**common, steps_per_call=n, prefetch=4)
     elif name.startswith("orbitask"):
         extra = contenders.run_orbitask(
             **common,

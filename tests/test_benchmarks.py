@@ -28,7 +28,7 @@ def test_tiny_benchmark_prints_the_table(tmp_path):
     text = report.read_text()
     assert text in proc.stdout
     assert "| workload | replicas | contender | steps/s median | min-max |" in text
-    for contender in ("(reference) |", "| orbitask default |"):
+    for contender in ("(reference) |", "prefetch(4) (orbitask's bound) |", "| orbitask default |"):
         assert contender in text, text
     assert "orbitask / reference:" in text
     assert "Command: `.venv/bin/python benchmarks/run.py --tiny" in text
