@@ -72,7 +72,9 @@ def reference_loop(
     else:
         iterator = iter(
             strategy.distribute_datasets_from_function(
-                lambda ctx: workloads.dataset(workload.name, global_batch // replicas, ctx)
+                lambda ctx: workloads.dataset(
+                    workload.name, global_batch // replicas, ctx, prefetch=prefetch
+                )
             )
         )
 
