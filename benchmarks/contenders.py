@@ -55,6 +55,7 @@ def reference_loop(
     `train_loop(iterator, num_steps)` is a `tf.function` running `num_steps` steps and
     returning the last step's loss summed over replicas. `built`: `(strategy, model,
     optimizer)` built elsewhere (an orbitask run's) for the loop to train, else its own.
+    `prefetch`: the batches its dataset prefetches (`workloads.dataset`; None: the workload's).
     """
     global_batch = workload.global_batch
     if built is not None:
