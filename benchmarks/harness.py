@@ -7,7 +7,10 @@ of every contender, in an order shuffled with seed r, so slow drifts of the mach
 every contender alike and no contender always follows the same one (with a rotated order,
 whatever a process does right after its window fell on the same neighbour every round). Each
 window's time is measured inside its worker (`time.perf_counter` between the harness's `go`
-and the window's last step), never including another process's work.
+and the window's last step), never including another process's work. Between its turns a
+worker is frozen (SIGSTOP, then SIGCONT before its next turn): its input pipeline's threads
+cannot fill buffers while the others train, so no contender's timed window gets batches made
+off the clock, and its background threads (summaries, checkpoints) run on its own turns.
 
 With a lead-in, a contender's turn is `lead_in` untimed windows and then the timed one, run
 back to back. On these machines a process resumed after a pause runs its first few hundred MLP
@@ -24,6 +27,7 @@ import dataclasses
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -44,6 +48,19 @@ class Group:
 def base_name(contender: str) -> str:
     """The contender a process runs: `orbitask#2` (a second process of it) -> `orbitask`."""
     return contender.split("#")[0]
+
+
+def start_order(contenders: list[str]) -> list[int]:
+    """The order to start `contenders`' processes in: first processes first, then second ones,
+    and so on (`reference, orbitask, reference#2, orbitask#2, ...`), so that no contender's
+    processes are all started (and warmed up, and placed in memory) before another's."""
+    return sorted(range(len(contenders)), key=lambda i: (copy_number(contenders[i]), i))
+
+
+def copy_number(contender: str) -> int:
+    """Which process of its contender this is: `orbitask` 1, `orbitask#2` 2."""
+    _, _, copy = contender.partition("#")
+    return int(copy) if copy else 1
 
 
 @dataclasses.dataclass
@@ -123,6 +140,13 @@ class Worker:
             raise RuntimeError(f"worker {self.contender!r}: expected {event!r}, got {message}")
         return message
 
+    def freeze(self) -> None:
+        """Stops every thread of the worker until `thaw` (SIGSTOP)."""
+        os.kill(self.process.pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        os.kill(self.process.pid, signal.SIGCONT)
+
     def go(self) -> None:
         self.process.stdin.write("go\n")
         self.process.stdin.flush()
@@ -137,24 +161,36 @@ class Worker:
 
     def close(self) -> None:
         if self.process.poll() is None:
+            self.thaw()
             self.process.kill()
         self.process.wait()
         self.reports.close()
 
 
 def run_group(
-    group: Group, rounds: int, steps_per_call: int, log_dir: str, echo=print, lead_in: int = 0
+    group: Group,
+    rounds: int,
+    steps_per_call: int,
+    log_dir: str,
+    echo=print,
+    lead_in: int = 0,
+    freeze: bool = True,
 ) -> list[Result]:
     """Runs every contender of `group` for `rounds` interleaved turns; returns their results.
 
-    A turn is `lead_in` untimed windows and one timed window of one contender.
+    A turn is `lead_in` untimed windows and one timed window of one contender; with `freeze`
+    the others are stopped meanwhile (module docstring).
     """
-    workers = [Worker(group, c, rounds, steps_per_call, log_dir, lead_in) for c in group.contenders]
+    workers: list = [None] * len(group.contenders)
+    for i in start_order(group.contenders):
+        workers[i] = Worker(group, group.contenders[i], rounds, steps_per_call, log_dir, lead_in)
     results = [Result(group, c) for c in group.contenders]
     try:
         started = time.monotonic()
         for worker in workers:
             worker.expect("ready")
+            if freeze:
+                worker.freeze()
         echo(
             f"  {group.workload} x{group.replicas}: {len(workers)} contenders warmed up in "
             f"{time.monotonic() - started:.0f} s"
@@ -163,12 +199,17 @@ def run_group(
             order = list(range(len(workers)))
             random.Random(r).shuffle(order)
             for i in order:
+                if freeze:
+                    workers[i].thaw()
                 window = workers[i].turn()
+                if freeze:
+                    workers[i].freeze()
                 results[i].rates.append(window["steps"] / window["seconds"])
                 results[i].cpu_rates.append(window["steps"] / max(window["cpu_seconds"], 1e-9))
             echo(f"  round {r + 1}/{rounds} done ({time.monotonic() - started:.0f} s)")
         finishing = time.monotonic()
         for worker in workers:
+            worker.thaw()
             worker.go()  # all finish at once (orbitask saves its last checkpoint), untimed
         for worker, result in zip(workers, results, strict=True):
             done = worker.expect("done")

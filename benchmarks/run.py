@@ -105,6 +105,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--lead_in", type=int, help="override the plan's untimed windows before each timed one"
     )
+    parser.add_argument(
+        "--no_freeze",
+        action="store_true",
+        help="let waiting contenders run (their input threads fill buffers off the clock)",
+    )
     parser.add_argument("--only", help="comma-separated workloads to run, e.g. mlp,cnn")
     parser.add_argument("--out", help="also write the report (Markdown) to this file")
     parser.add_argument("--logs", help="keep the workers' logs in this folder")
@@ -124,7 +129,16 @@ def main(argv: list[str] | None = None) -> int:
         f"worker logs in {log_dir}"
     )
     results = [
-        run_group(g, rounds, steps_per_call, log_dir, echo=_echo, lead_in=lead_in) for g in groups
+        run_group(
+            g,
+            rounds,
+            steps_per_call,
+            log_dir,
+            echo=_echo,
+            lead_in=lead_in,
+            freeze=not args.no_freeze,
+        )
+        for g in groups
     ]
     minutes = (time.monotonic() - started) / 60
     command = " ".join(["benchmarks/run.py", *(argv if argv is not None else sys.argv[1:])])
@@ -133,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             f"Measured {machine()}.",
             f"Command: `.venv/bin/python {command.strip()}` ({plan} plan, {rounds} rounds, "
             f"{lead_in} untimed lead-in window(s) before each timed one, "
+            f"{'waiting contenders running' if args.no_freeze else 'waiting contenders frozen'}, "
             f"{minutes:.1f} min; load average {load_before:.1f} before, "
             f"{os.getloadavg()[0]:.1f} after).",
             "",

@@ -1,13 +1,17 @@
-"""The harness's statistics: processes of one contender pooled, bootstrap intervals, lead-ins."""
+"""The harness's statistics: processes of one contender pooled, bootstrap intervals, lead-ins;
+its pacing: processes started interleaved, waiting ones frozen."""
 
 import io
 import json
+import os
+import subprocess
 import sys
+import time
 
 import pytest
 
 from benchmarks import table, worker
-from benchmarks.harness import Group, Result, base_name
+from benchmarks.harness import Group, Result, Worker, base_name, start_order
 
 GROUP = Group("mlp", 1, ["reference", "reference#2", "orbitask"])
 
@@ -94,3 +98,41 @@ def test_the_cpu_time_ratio_pairs_rounds_and_pools_processes():
     no_cpu = [_result("reference", [100, 100]), _result("orbitask", [90, 90])]
     row = next(x for x in table.markdown([no_cpu], 100).splitlines() if "orbitask default" in x)
     assert "| 0.900 (0.900-0.900) | - |" in row, row
+
+
+def test_processes_start_interleaved_first_copies_first():
+    names = ["reference", "reference#2", "reference#3", "orbitask", "orbitask#2", "keras3@N"]
+    started = [names[i] for i in start_order(names)]
+    assert started == [
+        "reference",
+        "orbitask",
+        "keras3@N",
+        "reference#2",
+        "orbitask#2",
+        "reference#3",
+    ]
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_frozen_worker_runs_nothing_until_thawed():
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    worker_ = object.__new__(Worker)  # a Worker's signals, on a process that only spins
+    worker_.process = busy
+    try:
+        time.sleep(0.2)
+        worker_.freeze()
+        time.sleep(0.05)
+        frozen = _cpu_seconds(busy.pid)
+        time.sleep(0.4)
+        assert _cpu_seconds(busy.pid) == frozen
+        worker_.thaw()
+        time.sleep(0.4)
+        assert _cpu_seconds(busy.pid) > frozen + 0.1
+    finally:
+        busy.kill()
+        busy.wait()
