@@ -42,10 +42,10 @@ class Gate:
     """Reports each window's time and blocks until the harness says `go`. Eager, host side.
 
     With `lead_in` k, each turn is k untimed windows, then a timed one: the contender trains
-    on without a pause, so its input buffers reach the level they keep while training (a
-    buffer refilled while other contenders ran would hand the timed window batches made off
-    the clock) and its own start-up work after a pause is done. Every window is reported,
-    the timed ones with `timed: true`.
+    on without a pause, so its input buffers reach the level they keep while training (with
+    `run.py --no_freeze`, a buffer refilled while other contenders ran would hand the timed
+    window batches made off the clock) and its own start-up work after a pause is done. Every
+    window is reported, the timed ones with `timed: true`.
     """
 
     def __init__(self, report, steps: int, lead_in: int = 0):
