@@ -145,6 +145,7 @@ class Worker:
         os.kill(self.process.pid, signal.SIGSTOP)
 
     def thaw(self) -> None:
+        """Lets a frozen worker run again (SIGCONT; harmless on one that runs)."""
         os.kill(self.process.pid, signal.SIGCONT)
 
     def go(self) -> None:
