@@ -18,8 +18,9 @@ import tensorflow as tf
 from absl import logging
 from tensorflow.python.eager import context as eager_context
 
-from orbitask.trainers import compat, run_experiment
+from orbitask.trainers import compat, data_compat, run_experiment
 from orbitask.trainers.run.controller import Controller
+from orbitask.trainers.state import random_state
 from tests.helpers import TinyTask
 
 
@@ -214,11 +215,11 @@ def test_dataset_helpers_see_an_autotuned_prefetch_under_options():
     options = tf.data.Options()
     options.deterministic = True
     dataset = base.prefetch(tf.data.AUTOTUNE).with_options(options)
-    top, kept = compat.strip_options(dataset)
+    top, kept = data_compat.strip_options(dataset)
     assert kept.deterministic is True
-    assert compat.autotuned_prefetch_input(top) is not None
-    assert compat.autotuned_prefetch_input(base.prefetch(3)) is None
-    assert compat.dataset_inputs(top)[0] is compat.autotuned_prefetch_input(top)
+    assert data_compat.autotuned_prefetch_input(top) is not None
+    assert data_compat.autotuned_prefetch_input(base.prefetch(3)) is None
+    assert data_compat.dataset_inputs(top)[0] is data_compat.autotuned_prefetch_input(top)
 
 
 def test_including_the_defaults_from_another_directory_logs_no_false_error(
@@ -249,13 +250,46 @@ def test_graph_ops_reach_into_conds_loops_and_called_functions():
     assert {"RandomStandardNormal", "RandomUniform"} <= kinds, kinds
 
 
-def test_dataset_graph_def_holds_the_map_functions_stateful_ops():
-    def jitter(x):
-        return tf.cast(x, tf.float32) + tf.random.uniform([])
+def jitter(x):
+    return tf.cast(x, tf.float32) + tf.random.uniform([])
 
-    graph_def = compat.dataset_graph_def(tf.data.Dataset.range(3).map(jitter))
+
+def test_dataset_graph_def_holds_the_map_functions_stateful_ops():
+    graph_def = data_compat.dataset_graph_def(tf.data.Dataset.range(3).map(jitter))
     ops = {n.op for f in graph_def.library.function for n in f.node_def}
     assert "RandomUniform" in ops, ops
+
+
+def test_dataset_functions_reach_every_traced_function_of_a_pipeline():
+    """Through zips, interleaves (a `map` built inside), filters, options and prefetches, and
+    into the functions those call; a pipeline made from a variant has unknown inputs: None."""
+    inner = tf.data.Dataset.range(2).interleave(lambda i: tf.data.Dataset.range(i).map(jitter))
+    odd = tf.data.Dataset.range(4).filter(lambda x: tf.cond(x > 1, lambda: True, lambda: False))
+    dataset = tf.data.Dataset.zip(inner, odd).prefetch(2).with_options(tf.data.Options())
+    names = {
+        random_state._function_name(name)
+        for top, graph in data_compat.dataset_functions(dataset)
+        for name, _ in compat.function_graphs(graph, top)
+    }
+    assert {"jitter", "lambda", "cond_true", "cond_false"} <= names, names
+    variant = tf.data.experimental.to_variant(tf.data.Dataset.range(3).map(jitter))
+    from_variant = tf.data.experimental.from_variant(variant, tf.TensorSpec([], tf.float32))
+    assert data_compat.dataset_functions(from_variant.map(lambda x: x + 1)) is None
+
+
+def test_the_stateful_draw_check_copies_no_in_memory_data(monkeypatch):
+    """The pipeline is not serialized (a `from_tensor_slices` source would be copied whole,
+    and past 2 GB not at all); one made from a variant still is, and its ops are named."""
+    data = tf.data.Dataset.from_tensor_slices(np.zeros((8, 4), np.float32)).map(jitter)
+    serialized = []
+    real = data_compat.dataset_graph_def
+    monkeypatch.setattr(data_compat, "dataset_graph_def", lambda d: serialized.append(d) or real(d))
+    assert random_state.unsaved_input_draws(data) == ["RandomUniform in jitter"]
+    assert serialized == []
+    variant = tf.data.experimental.to_variant(data)
+    restored = tf.data.experimental.from_variant(variant, data.element_spec)
+    assert random_state.unsaved_input_draws(restored) == ["RandomUniform in jitter"]
+    assert len(serialized) == 1
 
 
 def test_a_tf_keras_layers_generator_is_reached():

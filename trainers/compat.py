@@ -1,4 +1,5 @@
-"""The private Orbit, tf.train, tf.data and gin behaviour orbitask relies on.
+"""The private Orbit, tf.train, tf.Graph and gin behaviour orbitask relies on (tf.data's:
+`trainers/data_compat.py`).
 
 Each function here names what it reaches into; tests/test_compat.py fails loudly when a new
 version of a library changes it. Keras's private API is reached in
@@ -45,7 +46,6 @@ import orbit.controller
 import tensorflow as tf
 from absl import logging
 from tensorflow.python.checkpoint import async_checkpoint_helper
-from tensorflow.python.data.ops import dataset_ops, prefetch_op
 from tensorflow.python.eager import context as eager_context
 from tensorflow.python.framework import ops
 
@@ -215,32 +215,6 @@ def ps_num_workers(strategy: tf.distribute.Strategy) -> int:
     return strategy.extended._num_workers  # noqa: SLF001 (its cluster_resolver is not public)
 
 
-def strip_options(dataset: tf.data.Dataset) -> tuple[tf.data.Dataset, tf.data.Options]:
-    """Returns `dataset` without its `with_options` layers, and the options they set. Eager."""
-    top, options = dataset, dataset.options()
-    while isinstance(top, dataset_ops._OptionsDataset):  # noqa: SLF001
-        top = top._input_dataset  # noqa: SLF001
-    return top, options
-
-
-def autotuned_prefetch_input(dataset: tf.data.Dataset) -> tf.data.Dataset | None:
-    """The input of `dataset` when it is a `prefetch(tf.data.AUTOTUNE)`, else None. Eager."""
-    if not isinstance(dataset, prefetch_op._PrefetchDataset):  # noqa: SLF001
-        return None
-    value = tf.get_static_value(dataset._buffer_size)  # noqa: SLF001
-    if value is None or int(value) != tf.data.AUTOTUNE:
-        return None
-    return dataset._input_dataset  # noqa: SLF001
-
-
-def dataset_inputs(dataset: tf.data.Dataset) -> list:
-    """The Python datasets `dataset` reads (none for one made from a variant). Eager."""
-    try:
-        return list(dataset._inputs())  # noqa: SLF001
-    except NotImplementedError:
-        return []
-
-
 class _GinPathProbe(logging_std.Filter):
     def filter(self, record: logging_std.LogRecord) -> bool:
         probe = record.pathname.endswith(os.path.join("gin", "resource_reader.py"))
@@ -264,32 +238,29 @@ def quiet_gin_path_probes() -> Iterator[None]:
         root.removeFilter(probe)
 
 
-def graph_ops(graph: tf.Graph) -> Iterator[tf.Operation]:
-    """Every op of `graph` and of the functions it calls (`If`/`While` branches and bodies,
-    `PartitionedCall`s), each function once. Eager. Uses `Graph._get_function`."""
+def function_graphs(graph: tf.Graph, name: str = "") -> Iterator[tuple[str, tf.Graph]]:
+    """`(name, graph)`, then `(library name, graph)` of every function it calls (`If`/`While`
+    branches and bodies, `PartitionedCall`s, a `map` inside an `interleave`), each once. Eager.
+    Uses `Graph._get_function`."""
     seen: set[str] = set()
-    todo = [graph]
+    todo = [(name, graph)]
     while todo:
-        current = todo.pop()
+        name, current = todo.pop()
+        yield name, current
         for op in current.get_operations():
-            yield op
             for attr in op.node_def.attr.values():
                 names = [attr.func.name] if attr.func.name else [f.name for f in attr.list.func]
-                for name in names:
-                    function = current._get_function(name)  # noqa: SLF001
-                    if name not in seen and function is not None:
-                        seen.add(name)
-                        todo.append(function.graph)
+                for called in names:
+                    function = current._get_function(called)  # noqa: SLF001
+                    if called not in seen and function is not None:
+                        seen.add(called)
+                        todo.append((called, function.graph))
 
 
-def dataset_graph_def(dataset: tf.data.Dataset) -> tf.compat.v1.GraphDef:
-    """The GraphDef of `dataset`'s pipeline, functions included, stateful ops kept. Eager.
-    Uses `Dataset._as_serialized_graph`."""
-    policy = tf.data.experimental.ExternalStatePolicy.IGNORE
-    serialized = dataset._as_serialized_graph(external_state_policy=policy)  # noqa: SLF001
-    graph_def = tf.compat.v1.GraphDef()
-    graph_def.ParseFromString(serialized.numpy())
-    return graph_def
+def graph_ops(graph: tf.Graph) -> Iterator[tf.Operation]:
+    """Every op of `graph` and of the functions it calls (`function_graphs`). Eager."""
+    for _, current in function_graphs(graph):
+        yield from current.get_operations()
 
 
 @contextlib.contextmanager

@@ -18,7 +18,7 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
-from orbitask.trainers import compat
+from orbitask.trainers import data_compat
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,8 +94,8 @@ def bound_prefetch(dataset: tf.data.Dataset, batches: int, owner: str) -> tf.dat
     Options set on top (`with_options`) are kept. Warns, naming `owner`'s `build_inputs`, about
     autotuned prefetches that are not last (they stay; their buffers are checkpointed too).
     """
-    top, options = compat.strip_options(dataset)
-    below = compat.autotuned_prefetch_input(top)
+    top, options = data_compat.strip_options(dataset)
+    below = data_compat.autotuned_prefetch_input(top)
     if below is not None:
         dataset = below.prefetch(batches).with_options(options)
     left = autotuned_prefetches(dataset)
@@ -118,7 +118,7 @@ def autotuned_prefetches(dataset: tf.data.Dataset) -> int:
         if id(node) in seen:
             continue
         seen.add(id(node))
-        if compat.autotuned_prefetch_input(node) is not None:
+        if data_compat.autotuned_prefetch_input(node) is not None:
             count += 1
-        todo.extend(compat.dataset_inputs(node))
+        todo.extend(data_compat.dataset_inputs(node))
     return count

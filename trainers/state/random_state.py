@@ -26,7 +26,7 @@ import tf_keras
 from absl import logging
 
 from orbitask.common import keras_compat
-from orbitask.trainers import compat
+from orbitask.trainers import compat, data_compat
 
 _HOST = (random.Random, np.random.RandomState, np.random.Generator)
 _MAX_DEPTH = 64  # each nested Keras layer is two levels (its layer list, an item)
@@ -126,16 +126,25 @@ def unsaved_step_draws(graph: Any) -> list[str]:
 
 def unsaved_input_draws(dataset: tf.data.Dataset) -> list[str]:
     """Names the stateful random ops of a `tf.data` pipeline, each as `"OpType in fn"` with the
-    name of the traced function (a `map` of `build_inputs`, ...) that holds it. Eager, once."""
-    found = set()
-    graph_def = compat.dataset_graph_def(dataset)
-    for node in graph_def.node:
-        if node.op in STATEFUL_RANDOM_OPS:
-            found.add(node.op)
-    for function in graph_def.library.function:
-        for node in function.node_def:
-            if node.op in STATEFUL_RANDOM_OPS:
-                found.add(f"{node.op} in {_function_name(function.signature.name)}")
+    name of the traced function (a `map` of `build_inputs`, ...) that holds it. Eager, once.
+
+    Reads the pipeline's traced functions where they are (`data_compat.dataset_functions`), so
+    its cost does not grow with in-memory data; serializes the pipeline only when a dataset's
+    inputs are unknown (one made from a variant)."""
+    functions = data_compat.dataset_functions(dataset)
+    if functions is None:
+        graph_def = data_compat.dataset_graph_def(dataset)
+        found = {node.op for node in graph_def.node if node.op in STATEFUL_RANDOM_OPS}
+        ops = [(f.signature.name, n.op) for f in graph_def.library.function for n in f.node_def]
+    else:
+        found = set()
+        ops = [
+            (name, op.type)
+            for top, graph in functions
+            for name, inner in compat.function_graphs(graph, top)
+            for op in inner.get_operations()
+        ]
+    found |= {f"{op} in {_function_name(name)}" for name, op in ops if op in STATEFUL_RANDOM_OPS}
     return sorted(found)
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
-from orbitask.trainers import compat
+from orbitask.trainers import data_compat
 
 SEEDS = ".shuffle_seeds"  # suffix of the seed generators' checkpoint beside an iterator's
 
@@ -117,7 +117,7 @@ def _reshuffles(dataset: tf.data.Dataset) -> bool:
         seen.add(id(node))
         if getattr(node, "_reshuffle_each_iteration", False) is True:
             return True
-        todo.extend(compat.dataset_inputs(node))
+        todo.extend(data_compat.dataset_inputs(node))
     return False
 
 
