@@ -253,3 +253,17 @@ def test_the_gpu_script_runs_dry_on_the_cpu():
     assert configs == [(p, x) for p in ("float32", "mixed_float16", "mixed_bfloat16")
                        for x in ("off", "on")]  # fmt: skip
     assert all(float(r[4].replace(",", "")) > 0 for r in rows)
+
+
+@pytest.mark.slow
+def test_input_checks_benchmark_names_the_draw_without_the_serialized_graph_cost():
+    lines = _benchmark_lines("input_checks.py", "--sizes_mib=4,16")
+    rows = [
+        line.split("|")[1:-1]
+        for line in lines
+        if line.startswith("| 4 |") or line.startswith("| 16 |")
+    ]
+    assert len(rows) == 2, lines
+    for size, _, check_peak, names, _, whole_peak, holds in rows:
+        assert names.strip() == "RandomUniform in jitter" and holds.strip() == "RandomUniform"
+        assert float(check_peak) < int(size) <= float(whole_peak)  # the graph copies the data
