@@ -114,6 +114,18 @@ def reference_loop(
     return train_loop, iterator
 
 
+def orbitask_depth(workload: workloads.Workload, replicas: int) -> int:
+    """The depth of the fixed prefetch orbitask's default bound gives the workload's training
+    pipeline (`trainers/engine/prefetch.py`), in elements of one replica's batch. Eager."""
+    from orbitask.trainers.engine import prefetch
+
+    spec = workloads.dataset(workload.name, workload.global_batch // replicas).element_spec
+    size = prefetch.element_bytes(spec, workload.global_batch // replicas)
+    bound = prefetch.DEFAULT_PREFETCH
+    wanted = prefetch.wanted_elements(size, replicas, bound)
+    return prefetch.prefetch_depth(size, wanted, replicas, bound.max_bytes)
+
+
 def run_reference(
     workload: workloads.Workload,
     replicas: int,

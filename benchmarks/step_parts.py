@@ -12,7 +12,11 @@ that all of them read, `--steps_per_call` steps a call of:
   `tf.range` loop written as the reference's;
 - orbitask's `TrainStep` (the batches handed to the replicas, the step, the replica mean of the
   logs, the step counter) in the same loop;
-- orbitask's device-loop function, as a run calls it.
+- orbitask's device-loop function, as a run calls it;
+
+and then, each on an iterator of its own, the input's part: the device-loop function on the
+run's own training iterator (its final prefetch bounded, its shuffle seeds kept) and
+the hand-written loop on the workload's pipeline with that bound's fixed prefetch.
 
 Each round calls every variant once, in a shuffled order; a figure is the median over rounds of
 reference time / its time, with a 95% bootstrap interval. Each part's cost is the difference
@@ -36,7 +40,7 @@ def variants(workload, steps_per_call: int, model_dir: str) -> dict:
     """The timed calls by name, the reference first. Eager."""
     import tensorflow as tf
 
-    from benchmarks import contenders, overhead
+    from benchmarks import contenders, overhead, workloads
     from orbitask.trainers.engine import steps
 
     num_steps = tf.constant(steps_per_call)
@@ -44,6 +48,9 @@ def variants(workload, steps_per_call: int, model_dir: str) -> dict:
     with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
         controller = overhead.build_orbitask(workload, steps_per_call, model_dir, quiet=True)
     trainer = controller.trainer
+    own = trainer._iterator  # noqa: SLF001
+    depth = contenders.orbitask_depth(workload, replicas=1)
+    bounded = iter(workloads.dataset(workload.name, workload.global_batch, prefetch=depth))
     trainer.set_train_iterator(shared)
     loop_fn = trainer._loop_fn  # noqa: SLF001
     objects, step = trainer.objects, trainer.step
@@ -71,6 +78,12 @@ def variants(workload, steps_per_call: int, model_dir: str) -> dict:
         "the Task's train_step under strategy.run": lambda: float(task_loop(shared, num_steps)),
         "+ TrainStep (batches, replica mean, step)": lambda: float(step_loop(shared, num_steps)),
         "+ the device-loop function": lambda: float(loop_fn(shared, num_steps)["logs"]["loss"]),
+        "the device-loop function, its own iterator": lambda: float(
+            loop_fn(own, num_steps)["logs"]["loss"]
+        ),
+        "hand-written loop, orbitask's prefetch bound": lambda: float(
+            reference(bounded, num_steps)
+        ),
     }
 
 
@@ -88,7 +101,10 @@ def main(argv: list[str] | None = None) -> int:
         calls = variants(workload, args.steps_per_call, model_dir)
         times = overhead.measure(calls, args.rounds)
     k = args.steps_per_call
-    print(f"{args.workload}: {args.rounds} rounds of {k} steps per variant, one shared iterator")
+    print(
+        f"{args.workload}: {args.rounds} rounds of {k} steps per variant, one shared iterator "
+        "(the last two: their own)"
+    )
     print(f"{'variant':40s} {'median':>13s}  ratio (95% interval)  cost")
     print("\n".join(overhead.report(times, k)))
     base = statistics.median(times[next(iter(times))])

@@ -24,7 +24,7 @@ def contender_title(name: str, steps_per_call: int) -> str:
         "reference": f"hand-written loop, {steps_per_call} steps/call (reference)",
         "reference-window": "hand-written loop, a window's steps/call (as orbitask's grown loops)",
         "reference-bounded": (
-            f"hand-written loop, {steps_per_call} steps/call, prefetch(4) (orbitask's bound)"
+            f"hand-written loop, {steps_per_call} steps/call, orbitask's bounded prefetch"
         ),
         "orbitask": "orbitask default",
         "orbitask-fixed": f"orbitask, loops fixed at {steps_per_call} steps (loop_seconds=None)",

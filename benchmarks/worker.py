@@ -137,7 +137,8 @@ def main(argv: list[str] | None = None) -> None:
     elif name == "reference-window":  # loops as long as orbitask's grown ones, cut at windows
         extra = contenders.run_reference(**common, steps_per_call=workload.window)
     elif name == "reference-bounded":  # orbitask's default bound on the final prefetch
-        extra = contenders.run_reference(**common, steps_per_call=n, prefetch=4)
+        depth = contenders.orbitask_depth(workload, args.replicas)
+        extra = contenders.run_reference(**common, steps_per_call=n, prefetch=depth)
     elif name.startswith("orbitask"):
         extra = contenders.run_orbitask(
             **common,

@@ -2,7 +2,7 @@
 
 An autotuned `prefetch(tf.data.AUTOTUNE)` doubles its buffer whenever the loop finds it empty;
 orbitask replaces one that ends the training pipeline by
-`prefetch(run_experiment.train_prefetch)` steps' elements.
+`prefetch(run_experiment.train_prefetch)` steps' elements (more, up to 1 MiB, for small ones).
 """
 
 from __future__ import annotations
@@ -91,12 +91,38 @@ def test_two_replicas_prefetch_train_prefetch_steps_of_elements():
         [d.name for d in tf.config.list_logical_devices("CPU")[:2]]
     )
     assert strategy.num_replicas_in_sync == 2
+    steps_only = prefetch.Prefetch(min_bytes=0)  # the 1 MiB floor: the next test
     with strategy.scope():
-        two = inputs.train_iterator(AutotunedTask(), strategy, 16)
-        accumulating = inputs.train_iterator(AutotunedTask(), strategy, 16, accumulation=3)
+        two = inputs.train_iterator(AutotunedTask(), strategy, 16, prefetch=steps_only)
+        accumulating = inputs.train_iterator(
+            AutotunedTask(), strategy, 16, accumulation=3, prefetch=steps_only
+        )
+        floored = inputs.train_iterator(AutotunedTask(), strategy, 16)
 
     assert _top_prefetch_depth(two) == 4 * 2
     assert _top_prefetch_depth(accumulating) == 4 * 2 * 3
+    assert _top_prefetch_depth(floored) == 32 * 2  # tiny batches: at most 32 steps' elements
+
+
+class SizedTask(TinyTask):
+    """Elements of `per_replica x 128 KiB` (float32 zeros), autotuned prefetch."""
+
+    def build_inputs(self, per_replica_batch_size, input_context=None, training=True):
+        ds = tf.data.Dataset.from_tensors(tf.zeros([per_replica_batch_size, 32 * 1024]))
+        return ds.repeat().prefetch(tf.data.AUTOTUNE)
+
+
+def test_small_elements_are_prefetched_until_they_hold_a_mebibyte():
+    """A 4-step buffer of small elements runs dry between fast steps: below 1 MiB, as many
+    elements as make 1 MiB (at most 32 steps'); 4 steps that hold 1 MiB or more stay 4."""
+    strategy = tf.distribute.get_strategy()
+
+    def depth(batch: int) -> int:
+        return _top_prefetch_depth(inputs.train_iterator(SizedTask(), strategy, batch))
+
+    assert depth(1) == 8  # 128 KiB elements: 8 make 1 MiB
+    assert depth(2) == 4  # 256 KiB: the 4 steps already hold 1 MiB
+    assert depth(8) == 4  # 1 MiB elements
 
 
 class BigBatchTask(TinyTask):

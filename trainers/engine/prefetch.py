@@ -4,9 +4,15 @@ An autotuned prefetch buffer doubles whenever the loop finds it empty, and every
 would save it (the train iterator is saved explicitly, buffers included; tf.data's symbolic
 checkpointing, which leaves the prefetch buffer out, makes iterating the pipeline slower). A
 `prefetch(tf.data.AUTOTUNE)` that ends the training pipeline is replaced by a fixed prefetch
-(same elements, same order) of `run_experiment.train_prefetch` steps' elements, fewer where
-they would exceed `run_experiment.train_prefetch_bytes`, never fewer than one step's; one deeper
-in the pipeline cannot be, and is named in a warning.
+(same elements, same order) of `run_experiment.train_prefetch` steps' elements, more while
+they hold under 1 MiB (`Prefetch.min_bytes`, up to 32 steps'), fewer where they would exceed
+`run_experiment.train_prefetch_bytes`, never fewer than one step's; one deeper in the pipeline
+cannot be, and is named in a warning.
+
+The floor is for fast steps on small elements: on the benchmark MLP (32 KiB batches, about
+0.5 ms a step, 2 CPU cores) a 4-deep buffer trains 2-3% slower than an autotuned one and a
+16- or 32-deep one as fast (benchmarks/RESULTS.md, "Prefetch depth"), for at most 1 MiB more
+in memory and in each saved input position.
 """
 
 from __future__ import annotations
@@ -23,12 +29,15 @@ from orbitask.trainers import data_compat
 
 @dataclasses.dataclass(frozen=True)
 class Prefetch:
-    """The bound: `steps` steps' elements (None: the autotuned buffer is kept), at most
-    `max_bytes` of them (None: no byte bound) but at least one step's. The defaults of
+    """The bound: `steps` steps' elements (None: the autotuned buffer is kept), more while
+    they hold under `min_bytes` (at most `MOST_STEPS` steps'), at most `max_bytes` of them
+    (None: no byte bound) but at least one step's. `steps` and `max_bytes` are the defaults of
     `run_experiment.train_prefetch` and `train_prefetch_bytes`."""
 
     steps: int | None = 4
     max_bytes: int | None = 64 * 2**20
+    min_bytes: int = 2**20
+    MOST_STEPS = 32
 
 
 DEFAULT_PREFETCH = Prefetch()
@@ -42,8 +51,8 @@ def bound_train_prefetch(
     when `prefetch.steps` is None. Eager, once."""
     if prefetch.steps is None:
         return dataset
-    wanted = prefetch.steps * per_step
     size = element_bytes(dataset.element_spec, per_replica)
+    wanted = wanted_elements(size, per_step, prefetch)
     depth = prefetch_depth(size, wanted, per_step, prefetch.max_bytes)
     bounded = bound_prefetch(dataset, depth, type(task).__name__)
     if bounded is not dataset and depth < wanted:
@@ -76,6 +85,16 @@ def element_bytes(spec: Any, batch_size: int) -> int | None:
             return None
         total += math.prod(dims) * part.dtype.size
     return total
+
+
+def wanted_elements(size: int | None, per_step: int, prefetch: Prefetch) -> int:
+    """`prefetch.steps` steps' elements of `size` bytes (None: unknown), more while they hold
+    under `prefetch.min_bytes`, at most `Prefetch.MOST_STEPS` steps'."""
+    wanted = prefetch.steps * per_step
+    if size is None or wanted * size >= prefetch.min_bytes:
+        return wanted
+    most = max(wanted, Prefetch.MOST_STEPS * per_step)
+    return min(most, -(-prefetch.min_bytes // max(size, 1)))
 
 
 def prefetch_depth(size: int | None, elements: int, per_step: int, max_bytes: int | None) -> int:

@@ -89,8 +89,9 @@ class CheckpointSettings:
         older one restarts the input from its beginning.
       train_prefetch: a training pipeline ending in `prefetch(tf.data.AUTOTUNE)` prefetches
         this many steps' elements instead (each step's: one per replica, or K per replica with
-        gradient accumulation), so a saved input position holds a bounded buffer; None keeps
-        the autotuned buffer.
+        gradient accumulation), more while they hold under 1 MiB (up to 32 steps': fast steps
+        on small batches would find 4 empty), so a saved input position holds a bounded
+        buffer; None keeps the autotuned buffer.
       train_prefetch_bytes: at most this many bytes of such prefetched elements, but at least
         one step's; None: no byte bound.
       async_checkpoints: the interval, time-rule and final saves copy the values to host
