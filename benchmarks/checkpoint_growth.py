@@ -2,12 +2,14 @@
 
     .venv/bin/python benchmarks/checkpoint_growth.py [--workload input] [--steps 1500]
 
-The checkpoint holds the input position as the saved `tf.data` iterator, buffers included. An
+A checkpoint comes with the input position, the saved `tf.data` iterator (buffers included, under
+`input/`; the script keeps one with every checkpoint). An
 autotuned `prefetch(tf.data.AUTOTUNE)` doubles its buffer whenever the training loop finds it
 empty (most often when input-bound), up to tf.data's RAM budget, and every checkpoint saves the
 whole buffer (tf.data's symbolic checkpointing leaves it out but slows the pipeline 5x, see
 trainers/engine/inputs.py). orbitask replaces a final `prefetch(tf.data.AUTOTUNE)` by
-`prefetch(run_experiment.train_prefetch)` (4); `train_prefetch=None` keeps the autotuned buffer.
+`prefetch(run_experiment.train_prefetch)` (4 steps' elements, at least 1 MiB of small ones);
+`train_prefetch=None` keeps the autotuned buffer.
 Prints the size of every kept checkpoint for: the autotuned buffer kept, the same pipeline with
 orbitask's default, and a pipeline written with `prefetch(2)` (default configuration but a
 checkpoint every 100 steps, callbacks off so the output stays short).
@@ -35,15 +37,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def sizes_kib(model_dir: str) -> list[int]:
-    """Sizes of the kept checkpoints, oldest first, in KiB."""
+    """Sizes of the kept checkpoints with their input positions (`input/ckpt-N/`), oldest
+    first, in KiB."""
     import tensorflow as tf
 
     state = tf.train.get_checkpoint_state(model_dir)
     paths = state.all_model_checkpoint_paths if state else []
-    return [
-        int(sum(tf.io.gfile.stat(f).length for f in tf.io.gfile.glob(p + ".*")) / 1024)
-        for p in paths
-    ]
+    sizes = []
+    for path in paths:
+        position = os.path.join(model_dir, "input", os.path.basename(path), "*")
+        files = tf.io.gfile.glob(path + ".*") + tf.io.gfile.glob(position)
+        sizes.append(int(sum(tf.io.gfile.stat(f).length for f in files) / 1024))
+    return sizes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
                     train_steps=args.steps,
                     global_batch_size=batch,
                     checkpoint_interval=100,
+                    keep_input_positions=args.steps // 100,
                     progress=False,
                     **run_kwargs,
                 )

@@ -269,3 +269,13 @@ def test_input_checks_benchmark_names_the_draw_without_the_serialized_graph_cost
     for size, _, check_peak, names, _, whole_peak, holds in rows:
         assert names.strip() == "RandomUniform in jitter" and holds.strip() == "RandomUniform"
         assert float(check_peak) < int(size) <= float(whole_peak)  # the graph copies the data
+
+
+@pytest.mark.slow
+def test_prefetch_depth_benchmark_times_each_depth_against_autotune():
+    lines = _benchmark_lines(
+        "prefetch_depth.py", "--rounds=3", "--steps_per_call=10", "--depths=2,8", "--reverse"
+    )
+    assert lines[0] == "mlp: 3 rounds of 10 steps per depth, the hand-written loop"
+    _assert_variants(lines[1:4], ["prefetch(AUTOTUNE) (reference)", "prefetch(8)", "prefetch(2)"])
+    assert lines[1].split()[-4] == "1.000"
