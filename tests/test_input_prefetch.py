@@ -125,6 +125,17 @@ def test_small_elements_are_prefetched_until_they_hold_a_mebibyte():
     assert depth(8) == 4  # 1 MiB elements
 
 
+def test_the_small_element_floor_stays_within_train_prefetch_bytes(caplog):
+    """Under a 600 KiB bound, 128 KiB elements fill it with 4 (the 4 steps'): no deeper, and
+    no line saying the bound cut the buffer."""
+    bound = prefetch.Prefetch(max_bytes=600 * 1024)
+    strategy = tf.distribute.get_strategy()
+    with caplog.at_level(logging.INFO):
+        iterator = inputs.train_iterator(SizedTask(), strategy, 1, prefetch=bound)
+    assert _top_prefetch_depth(iterator) == 4
+    assert not [r for r in caplog.records if "prefetching" in r.getMessage()]
+
+
 class BigBatchTask(TinyTask):
     """Batches of `per_replica x 512 x 512` random float32 (1 MiB an example; checkpoints
     compress their buffers, so constant examples would take no room)."""

@@ -88,15 +88,14 @@ def element_bytes(spec: Any, batch_size: int) -> int | None:
 
 
 def wanted_elements(size: int | None, per_step: int, prefetch: Prefetch) -> int:
-    """`prefetch.steps` steps' elements of `size` bytes (None: unknown), more while they hold
-    under `prefetch.min_bytes` (or `max_bytes`, the smaller), at most `Prefetch.MOST_STEPS`
+    """`prefetch.steps` steps' elements of `size` bytes (None: unknown), or more: as many as fit
+    in `prefetch.min_bytes` (or `max_bytes`, the smaller), at most `Prefetch.MOST_STEPS`
     steps'."""
     wanted = prefetch.steps * per_step
     floor = min(prefetch.min_bytes, prefetch.max_bytes or prefetch.min_bytes)
     if size is None or wanted * size >= floor:
         return wanted
-    most = max(wanted, Prefetch.MOST_STEPS * per_step)
-    return min(most, -(-floor // max(size, 1)))
+    return max(wanted, min(Prefetch.MOST_STEPS * per_step, floor // max(size, 1)))
 
 
 def prefetch_depth(size: int | None, elements: int, per_step: int, max_bytes: int | None) -> int:
