@@ -7,7 +7,10 @@
 A line per device loop of training (its last step's logs, the learning rate and steps/s) and per
 evaluation (`"eval/<name>"` for each of several validation sets), keyed `"step"` and `"split"`,
 then the scalars by name (a non-finite value is written as JavaScript's `NaN` / `Infinity`, as
-Python's `json` and pandas read them). `pandas.read_json(path, lines=True)` reads it.
+Python's `json` and pandas read them). `pandas.DataFrame(metrics_file.read(path))` reads it,
+anywhere; on the local disk `pandas.read_json(path, lines=True)` too. On object storage
+(`gs://`), which has no append, the lines of each checkpoint interval are one more object
+(`metrics.part-000001.jsonl`, ...; `files.Appender`), and `read` reads them all as one file.
 
 A training run resumed from a checkpoint first drops the lines past it: train lines past the
 checkpoint's step, evaluation lines past the last evaluation it records, so that after a kill -9
@@ -24,6 +27,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+
+from orbitask.common import files
 
 NAME = "metrics.jsonl"
 
@@ -45,10 +50,13 @@ class MetricsFile:
 
     Args:
       folder: the model directory (training) or the evaluation's output folder.
+      buffered: on object storage, whether lines wait for the next checkpoint save to be
+        written as one segment (`files.Appender`); False writes a segment per line.
     """
 
-    def __init__(self, folder: str):
+    def __init__(self, folder: str, buffered: bool = True):
         self.path = os.path.join(folder, NAME)
+        self.file = files.Appender(self.path, buffered)
 
     def write(self, step: int, split: str, logs: Mapping[str, Any]) -> None:
         """Appends one line: `step`, `split`, then the scalars of `logs` (none: no line)."""
@@ -56,8 +64,7 @@ class MetricsFile:
         if not values:
             return
         line = json.dumps({"step": int(step), "split": split, **values}, allow_nan=True)
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
+        self.file.append(line + "\n")
 
     def write_eval(self, step: int, logs: Mapping[str, Any]) -> None:
         """One evaluation's logs: `"eval"`, or a line per validation set (`{name: logs}`)."""
@@ -69,10 +76,10 @@ class MetricsFile:
     def rewind(self, train_step: int, eval_step: int) -> int:
         """Drops the train lines past `train_step` and the evaluation lines past `eval_step`
         (a checkpoint restored there); returns how many lines were dropped. Eager."""
-        if not os.path.isfile(self.path):
+        text = self.file.read()
+        if text is None:
             return 0
-        with open(self.path, encoding="utf-8", errors="replace") as f:
-            lines = f.read().splitlines()
+        lines = text.splitlines()
         kept = []
         for line in lines:
             try:
@@ -82,22 +89,20 @@ class MetricsFile:
                 continue  # a line cut short by a kill
             if step <= (train_step if split == "train" else eval_step):
                 kept.append(line)
-        if len(kept) != len(lines):
-            from orbitask.trainers.state.full_disk import write_text  # TensorFlow's gfile
-
-            write_text(self.path, "".join(f"{line}\n" for line in kept))
+        if len(kept) != len(lines) or len(files.pieces(self.path)) > 1:
+            self.file.rewrite("".join(f"{line}\n" for line in kept))
         return len(lines) - len(kept)
 
 
 def read(path: str) -> list[dict]:
-    """The rows of a metrics file, in order (a line cut short is skipped)."""
+    """The rows of a metrics file and its segments (`files.Appender`), in order (a line cut
+    short is skipped); none when there is no file. `pandas.DataFrame(read(path))` is its table."""
     rows = []
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(row, dict) and "step" in row and "split" in row:
-                rows.append(row)
+    for line in (files.read_appended(path) or "").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and "step" in row and "split" in row:
+            rows.append(row)
     return rows
