@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import io
 import os
 import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from orbitask.common import files
 from orbitask.trainers.errors import ConfigError
 from orbitask.trainers.state import metrics_file
 
@@ -61,10 +63,10 @@ class Logger:
 
 
 class JsonlLogger(Logger):
-    """`<folder>/metrics.jsonl` (`metrics_file.MetricsFile`)."""
+    """`<folder>/metrics.jsonl` (`metrics_file.MetricsFile`); `buffered` as there."""
 
-    def __init__(self, folder: str):
-        self.file = metrics_file.MetricsFile(folder)
+    def __init__(self, folder: str, buffered: bool = True):
+        self.file = metrics_file.MetricsFile(folder, buffered)
 
     def write(self, step: int, split: str, scalars: Mapping[str, float]) -> None:
         self.file.write(step, split, scalars)
@@ -74,28 +76,32 @@ class JsonlLogger(Logger):
 
 
 class CsvLogger(Logger):
-    """`<folder>/metrics.csv`: a header `step,split,name,value`, then one row a value."""
+    """`<folder>/metrics.csv`: a header `step,split,name,value`, then one row a value. On
+    object storage in segments as `metrics.jsonl` (`files.Appender`, `buffered` as there):
+    `pandas.read_csv(io.StringIO(files.read_appended(path)))` reads them as one."""
 
-    def __init__(self, folder: str):
+    def __init__(self, folder: str, buffered: bool = True):
         self.path = os.path.join(folder, "metrics.csv")
+        self.file = files.Appender(self.path, buffered)
 
     def write(self, step: int, split: str, scalars: Mapping[str, float]) -> None:
-        new = not os.path.isfile(self.path)
-        with open(self.path, "a", newline="", encoding="utf-8") as f:
-            writer = csv.writer(f)
-            if new:
-                writer.writerow(["step", "split", "name", "value"])
-            writer.writerows([int(step), split, name, value] for name, value in scalars.items())
+        text = io.StringIO(newline="")
+        writer = csv.writer(text)
+        if not self.file.exists():
+            writer.writerow(["step", "split", "name", "value"])
+        writer.writerows([int(step), split, name, value] for name, value in scalars.items())
+        self.file.append(text.getvalue())
 
     def rewind(self, train_step: int, eval_step: int) -> None:
-        if not os.path.isfile(self.path):
+        found = self.file.read()
+        if found is None:
             return
-        with open(self.path, newline="", encoding="utf-8", errors="replace") as f:
-            rows = list(csv.reader(f))
+        rows = list(csv.reader(io.StringIO(found, newline="")))
         kept = rows[:1] + [r for r in rows[1:] if _kept(r, train_step, eval_step)]
-        if len(kept) != len(rows):
-            with open(self.path, "w", newline="", encoding="utf-8") as f:
-                csv.writer(f).writerows(kept)
+        if len(kept) != len(rows) or len(files.pieces(self.path)) > 1:
+            text = io.StringIO(newline="")
+            csv.writer(text).writerows(kept)
+            self.file.rewrite(text.getvalue())
 
 
 def _kept(row: list, train_step: int, eval_step: int) -> bool:
@@ -116,7 +122,7 @@ class MlflowLogger(Logger):
         id_file = os.path.join(model_dir, "mlflow_run_id")
         self.run_id = _read(id_file)
         if self.run_id is None:
-            name = os.path.basename(os.path.abspath(model_dir))
+            name = _name(model_dir)
             experiment = self.client.get_experiment_by_name("orbitask")
             experiment_id = (
                 experiment.experiment_id
@@ -142,7 +148,7 @@ class WandbLogger(Logger):
         id_file = os.path.join(model_dir, "wandb_run_id")
         run_id = _read(id_file) or uuid.uuid4().hex[:8]
         _write(id_file, run_id)
-        name = os.path.basename(os.path.abspath(model_dir))
+        name = _name(model_dir)
         self.run = wandb.init(
             id=run_id, name=name, dir=model_dir, config=dict(params), resume="allow",
             reinit="finish_previous",
@@ -167,7 +173,7 @@ class TensorBoardHParams(Logger):
             tf.io.gfile.remove(old)
         writer = tf.summary.create_file_writer(model_dir)
         with writer.as_default():
-            hp.hparams(dict(params), trial_id=os.path.basename(os.path.abspath(model_dir)))
+            hp.hparams(dict(params), trial_id=_name(model_dir))
         writer.close()
 
 
@@ -233,19 +239,22 @@ def build(loggers: Any, folder: str, training: bool) -> list[Logger]:
     built = []
     for x in loggers:
         if x in ("jsonl", "csv"):
-            built.append(made[x](folder))
+            built.append(made[x](folder, buffered=training))
         elif training:
             built.append(made[x]() if isinstance(x, str) else x)
     return built
 
 
 def _read(path: str) -> str | None:
-    if not os.path.isfile(path):
-        return None
-    with open(path, encoding="utf-8") as f:
-        return f.read().strip() or None
+    return (files.read_text(path) or "").strip() or None
 
 
 def _write(path: str, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text + "\n")
+    files.write_text(path, text + "\n")
+
+
+def _name(model_dir: str) -> str:
+    """The run's name: the model directory's last part (`gs://b/runs/digits` -> `digits`)."""
+    if files.is_local(model_dir):
+        return os.path.basename(os.path.abspath(model_dir))
+    return model_dir.rstrip("/").rpartition("/")[2]
