@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import errno
 import re
-import uuid
 
 import tensorflow as tf
 
+from orbitask.common import files
 from orbitask.trainers.errors import NoSpaceError
 
 # TensorFlow names the file before the reason: "<path>; No space left on device".
@@ -49,20 +49,15 @@ def no_space_error(error: BaseException, default: str, kept: str) -> NoSpaceErro
 
 
 def write_text(path: str, text: str) -> None:
-    """Writes `text` to `path` under a temporary name, renamed into place once complete, before
-    training starts (the operative config). Eager; returns None.
+    """Writes `text` to `path` whole (`files.write_text`: locally under a temporary name renamed
+    into place), before training starts (the operative config). Eager; returns None.
 
     Raises:
       NoSpaceError: when the device is full (the temporary file is removed).
     """
-    temporary = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
     try:
-        with tf.io.gfile.GFile(temporary, "w") as f:
-            f.write(text)
-        tf.io.gfile.rename(temporary, path, overwrite=True)
+        files.write_text(path, text)  # the temporary file is removed on failure
     except (tf.errors.OpError, OSError) as e:
-        if tf.io.gfile.exists(temporary):
-            tf.io.gfile.remove(temporary)
         if is_no_space(e):
             raise NoSpaceError(
                 f"no space left on the device to write {path}; training had not started. Free "

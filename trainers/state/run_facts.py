@@ -26,6 +26,7 @@ import gin
 import numpy as np
 import tensorflow as tf
 
+from orbitask.common import files
 from orbitask.trainers.state.full_disk import write_text
 
 RUN_JSON, SUMMARY = "run.json", "model_summary.txt"
@@ -140,11 +141,7 @@ class RunFacts:
         return line
 
     def _entries(self) -> list[dict]:
-        try:
-            with open(self.path, encoding="utf-8") as f:
-                entries = json.load(f)
-        except (OSError, ValueError):
-            return []
+        entries = files.read_json(self.path, [])
         return entries if isinstance(entries, list) else []
 
     def _write(self, entries: list[dict]) -> None:

@@ -16,6 +16,7 @@ import re
 import gin
 from gin import config_parser
 
+from orbitask.common import files
 from orbitask.trainers.state.full_disk import write_text
 
 LATEST = "operative_config.gin"
@@ -73,10 +74,7 @@ def record(model_dir: str, step: int, resumed: bool, lr_now: float | None) -> li
     if not text.strip():
         return []
     latest = os.path.join(model_dir, LATEST)
-    previous = None
-    if os.path.isfile(latest):
-        with open(latest, encoding="utf-8", errors="replace") as f:
-            previous = f.read()
+    previous = files.read_text(latest)
     changed = []
     if previous is not None:
         try:
@@ -92,7 +90,7 @@ def record(model_dir: str, step: int, resumed: bool, lr_now: float | None) -> li
 
 
 def _starts(model_dir: str) -> list[str]:
-    return [n for n in os.listdir(model_dir) if re.fullmatch(r"operative_config-\d+\.gin", n)]
+    return [n for n in files.listdir(model_dir) if re.fullmatch(r"operative_config-\d+\.gin", n)]
 
 
 def resume_lines(step: int, changed: list, lr_now: float | None) -> list[str]:
