@@ -1,7 +1,10 @@
 """Configuration mistakes are one line (exit 2); the user's own bugs keep their traceback (exit 1);
 a dataset that ends early and a data error in a step name the step."""
 
+import ast
+import io
 import os
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -10,6 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from orbitask import trainers
 from orbitask.trainers import ConfigError, run_experiment
 from tests.helpers import TinyTask
 
@@ -282,21 +286,32 @@ class FailingEvaluation(TinyTask):
         return {"loss": tf.constant(0.0), "num_examples": tf.constant(1.0)}
 
 
+class FailingSaveHook(TinyTask):
+    """Its `on_checkpoint_saved` has the user's bug: it runs in the schedule's `checkpoint`
+    entry, after the first save (step 6)."""
+
+    def on_checkpoint_saved(self, ctx):
+        return {}["missing key"]
+
+
 @pytest.mark.parametrize(
     "task, mode, place",
     [
         (FailingCallback(), "train", "a callback (every_steps / at_step)"),
         (FailingEvaluation(), "train_and_eval", "the evaluation"),
+        (FailingSaveHook(), "train", "saving a checkpoint or its on_checkpoint_saved"),
     ],
-    ids=["callback", "evaluation"],
+    ids=["callback", "evaluation", "checkpoint"],
 )
 def test_an_error_outside_the_step_saves_the_trained_steps_first(tmp_path, task, mode, place):
-    """No interval save before step 6: the steps are kept only because the error saved them;
-    the user's exception keeps its type and traceback, and its note names where it came."""
-    error = KeyError if isinstance(task, FailingCallback) else tf.errors.InvalidArgumentError
+    """No interval save before step 6: the steps are kept only because the error saved them
+    (the checkpoint hook's: the save at 6 holds them); the user's exception keeps its type and
+    traceback, and its note names where it came."""
+    error = tf.errors.InvalidArgumentError if isinstance(task, FailingEvaluation) else KeyError
+    interval = 6 if isinstance(task, FailingSaveHook) else None
     with pytest.raises(error) as info:
         _run(task, tmp_path, mode=mode, train_steps=20, steps_per_loop=2, loop_seconds=None,
-             eval_interval=6, checkpoint_seconds=None)  # fmt: skip
+             eval_interval=6, checkpoint_seconds=None, checkpoint_interval=interval)  # fmt: skip
     saved = tf.train.latest_checkpoint(str(tmp_path))
     assert saved == str(tmp_path / "ckpt-6")
     assert info.value.__notes__[-1] == (
@@ -304,7 +319,74 @@ def test_an_error_outside_the_step_saves_the_trained_steps_first(tmp_path, task,
         f"checkpoint {saved}: the same command resumes."
     )
     if error is KeyError:  # the user's own line is in the traceback
-        assert info.traceback[-1].frame.code.name == "<lambda>"
+        own = "<lambda>" if isinstance(task, FailingCallback) else "on_checkpoint_saved"
+        assert info.traceback[-1].frame.code.name == own
+
+
+class ClosedProgressStream(io.StringIO):
+    """A `sys.stdout` whose progress lines fail as a closed stream's writes do."""
+
+    def write(self, text):
+        if text.startswith("step "):
+            raise ValueError("I/O operation on closed file.")
+        return super().write(text)
+
+
+def test_an_error_from_the_progress_display_saves_the_trained_steps_first(tmp_path, monkeypatch):
+    """Its first line comes after the first device loop (step 2), where no rule saves."""
+    monkeypatch.setattr(sys, "stdout", ClosedProgressStream())
+    with pytest.raises(ValueError, match="closed file") as info:
+        _run(TinyTask(), tmp_path, train_steps=20, steps_per_loop=2, loop_seconds=None,
+             checkpoint_seconds=None, progress=True)  # fmt: skip
+    saved = tf.train.latest_checkpoint(str(tmp_path))
+    assert saved == str(tmp_path / "ckpt-2")
+    assert info.value.__notes__[-1] == (
+        "orbitask: raised during the progress display at global step 2; the trained steps are "
+        f"saved in checkpoint {saved}: the same command resumes."
+    )
+
+
+def _schedule_entry_names() -> set[str]:
+    """The name of every schedule entry orbitask builds: each `Periodic("<name>", ...)`."""
+    names = set()
+    for path in pathlib.Path(os.path.dirname(trainers.__file__)).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            called = getattr(node, "func", None)
+            if getattr(called, "id", None) == "Periodic" and node.args:
+                assert isinstance(node.args[0], ast.Constant), f"{path}: {ast.unparse(node)}"
+                names.add(node.args[0].value)
+    return names
+
+
+ENTRIES = sorted(_schedule_entry_names())
+
+
+def test_the_schedule_entries_are_found():
+    assert {"callbacks", "progress", "checkpoint", "evaluation", "summary_writes"} <= set(ENTRIES)
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_an_error_in_any_schedule_entry_is_outside_the_step(entry):
+    """Every entry of the schedule runs between device loops: an error there (where
+    `schedule.running` names the entry) saves the trained steps first and is named, never
+    taken for the step's own."""
+    from orbitask.trainers.engine import step_errors
+
+    step, saves = tf.Variable(4, dtype=tf.int64), []
+    save = lambda: saves.append(1) or "/run/ckpt-4"  # noqa: E731
+    with pytest.raises(KeyError) as info:
+        with step_errors.named_by_step(step, None, 10, lambda: entry, save):
+            raise KeyError("the user's bug")
+    assert saves == [1]
+    place = step_errors.OUTSIDE_THE_STEP[entry]
+    assert info.value.__notes__ == [
+        f"orbitask: raised during {place} at global step 4; the trained steps are saved in "
+        "checkpoint /run/ckpt-4: the same command resumes."
+    ]
+    with pytest.raises(KeyError) as info:  # the step's own: named as the step's, no save
+        with step_errors.named_by_step(step, None, 10, lambda: "step", save):
+            raise KeyError("the user's bug")
+    assert saves == [1] and not getattr(info.value, "__notes__", None)
 
 
 def test_an_error_in_an_evaluation_only_run_names_the_evaluation(tmp_path):

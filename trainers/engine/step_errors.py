@@ -6,10 +6,11 @@ device loop runs (a label out of range, a shape the model cannot take) keeps its
 gains a note naming the global step it was raised at; an input file that does not exist stops
 the run with one line naming it.
 
-An error raised outside the train step (the evaluation and its actions, a callback, the train
-summaries, the progress display) leaves the trained state whole: a training run first saves it
-(unless the newest checkpoint holds it), then the error keeps its traceback and gains a note
-naming where it was raised and the checkpoint that holds the steps.
+An error raised outside the train step (any entry of the schedule between device loops: the
+evaluation and its actions, a callback, the train summaries, the progress display, a checkpoint
+save, ...) leaves the trained state whole: a training run first saves it (unless the newest
+checkpoint holds it), then the error keeps its traceback and gains a note naming where it was
+raised and the checkpoint that holds the steps.
 """
 
 from __future__ import annotations
@@ -24,17 +25,26 @@ import tensorflow as tf
 from orbitask.common.errors import one_line
 from orbitask.trainers.errors import ConfigError, EarlyStop, NonFiniteLossError, Preempted
 
-# Where an error leaves the trained state whole: the entries of the Controller's schedule (and
-# the trainer's phase), by name, as a note names them.
+# Where an error leaves the trained state whole: every entry of the Controller's schedule (and
+# the trainer's evaluation phase), by name, as a note names them. `where()` naming anything but
+# the step is outside it; a name missing here is named as it is.
 OUTSIDE_THE_STEP = {
-    "evaluation": "the evaluation",
     "callbacks": "a callback (every_steps / at_step)",
+    "metrics_window": "restarting the train metrics",
+    "learning_rate": "keeping the assigned learning rate",
     "results": "keeping the loop's logs",
     "progress": "the progress display",
     "profiler": "the profiler",
-    "summaries": "writing the train summaries",
+    "nan_guard": "the NaN guard",
+    "preemption": "the signal watcher",
+    "model_dir": "checking the model directory",
     "train_actions": "a train action",
+    "summaries": "keeping the train summaries",
+    "summary_writes": "writing the train summaries",
+    "checkpoint": "saving a checkpoint or its on_checkpoint_saved",
+    "evaluation": "the evaluation",
 }
+THE_STEP = (None, "", "step")  # `where()` while the train step runs (the trainer's phase)
 _MISSING = re.compile(r"(\S+); No such file or directory")
 OWN_STOPS = (EarlyStop, Preempted, NonFiniteLossError, ConfigError)  # handled where raised
 
@@ -47,8 +57,9 @@ def named_by_step(
     where: Callable[[], str | None] = lambda: None,
     save: Callable[[], str] | None = None,
 ) -> Iterator[None]:
-    """While open, errors name where they were raised: the train step, or `where()` (a key of
-    `OUTSIDE_THE_STEP`; None: the step). Eager; yields nothing.
+    """While open, errors name where they were raised: the train step (`where()` None or
+    "step"), or the place `where()` names (a schedule entry's name, a key of `OUTSIDE_THE_STEP`).
+    Eager; yields nothing.
 
     Args:
       global_step, train_steps: the run's.
@@ -66,7 +77,8 @@ def named_by_step(
     except OWN_STOPS:
         raise
     except Exception as e:
-        place = OUTSIDE_THE_STEP.get(where() or "")
+        name = where()
+        place = None if name in THE_STEP else OUTSIDE_THE_STEP.get(name, f"schedule entry {name}")
         step = int(global_step.numpy())
         if place is not None:
             e.add_note(_outside_note(place, step, save))
