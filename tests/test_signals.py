@@ -193,26 +193,36 @@ def test_train_and_eval_saves_after_the_evaluation_and_resumes_exactly(tmp_path,
     faults.assert_identical(faults.final_state(trained), faults.final_state(model_dir))
 
 
-def test_sigterm_after_an_earlier_interval_save_saves_the_stop_step(tmp_path):
-    """In-process: an interval save at step 5, then SIGTERM during step 7's loop. The newest
-    checkpoint holds step 5, so the stop saves ckpt-7 and names it."""
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_sigterm_after_an_earlier_interval_save_saves_the_stop_step(tmp_path, stop):
+    """In-process: an interval save at step 5, then SIGTERM (or SIGHUP: a closed terminal)
+    during step 7's loop. The newest checkpoint holds step 5, so the stop saves ckpt-7 and names
+    it; the binary's status is 75 and a repeated signal is ignored."""
     from orbitask.trainers import run_experiment
+    from orbitask.trainers.commands.exits import EXIT_PREEMPTED, exit_status
     from orbitask.trainers.errors import Preempted
     from tests.helpers import TinyTask
 
     class SignalAt7(TinyTask):
         def at_step(self):
-            return {7: lambda task, ctx: signal.raise_signal(signal.SIGTERM)}
+            return {7: lambda task, ctx: signal.raise_signal(stop)}
 
-    previous = signal.getsignal(signal.SIGTERM)
+    def unhandled(signum, frame):
+        raise AssertionError(f"{stop.name} reached the test's handler, not the run's")
+
+    previous = signal.signal(stop, unhandled)
     try:
-        with pytest.raises(Preempted, match=r"saved checkpoint .*ckpt-7 at step 7;"):
+        with pytest.raises(
+            Preempted, match=rf"{stop.name} received: saved checkpoint .*ckpt-7 at step 7;"
+        ) as e:
             run_experiment(
                 SignalAt7(), str(tmp_path), mode="train", train_steps=20, global_batch_size=8,
                 steps_per_loop=1, checkpoint_interval=5, progress=False,
             )  # fmt: skip
+        assert signal.getsignal(stop) == signal.SIG_IGN  # a second one changes nothing
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(stop, previous)
+    assert exit_status(e.value) == EXIT_PREEMPTED
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-7")
     assert (
         tf.train.load_checkpoint(str(tmp_path / "ckpt-7")).get_tensor(
@@ -256,12 +266,13 @@ def test_ctrl_c_in_process_saves_raises_interrupted_and_a_second_one_quits_at_on
 
 def test_the_workers_signal_agreement_decodes_the_largest_code():
     """`cluster.largest_each`, the multi-worker agreement after each loop (the signals received:
-    0 none, 1 SIGTERM, 2 SIGINT; each seconds rule's clock: 0 or 1), sums one flag per code over
-    the replicas and reads each vote's largest back, several votes in one all-reduce."""
+    0 none, 1 SIGTERM, 2 SIGHUP, 3 SIGINT; each seconds rule's clock: 0 or 1), sums one flag per
+    code over the replicas and reads each vote's largest back, several votes in one all-reduce."""
     from orbitask.trainers.distribution import cluster
 
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    assert [cluster.largest_each(strategy, [(code, 3)]) for code in (0, 1, 2)] == [[0], [1], [2]]
+    codes = (0, 1, 2, 3)
+    assert [cluster.largest_each(strategy, [(code, 4)]) for code in codes] == [[0], [1], [2], [3]]
     votes = [(1, 2), (0, 3), (5, 6), (0, 2), (2, 3), (3, 6)]
     assert cluster.largest_each(strategy, votes) == [1, 0, 5, 0, 2, 3]
     assert cluster.largest_each(strategy, []) == []

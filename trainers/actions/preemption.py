@@ -1,7 +1,8 @@
-"""Preemption and Ctrl-C: on SIGTERM or SIGINT, stop at the next device-loop or evaluation
-boundary, save, then exit 75 (SIGTERM) or 130 (SIGINT).
+"""Preemption and Ctrl-C: on SIGTERM, SIGHUP or SIGINT, stop at the next device-loop or
+evaluation boundary, save, then exit 75 (SIGTERM, SIGHUP) or 130 (SIGINT).
 
-Schedulers and spot machines send SIGTERM before killing a job. Python runs signal handlers only
+Schedulers and spot machines send SIGTERM before killing a job; a closed terminal (an ssh session
+that drops) sends SIGHUP, which stops and saves as SIGTERM does. Python runs signal handlers only
 between device loops (the main thread is inside TensorFlow during one), so a run stops at most one
 device loop after the signal: `steps_per_loop` train steps (about a second where quick loops have
 grown, `loop_seconds`), or the evaluation's loop of steps under way. A run that trains saves a
@@ -18,8 +19,9 @@ loop; they save that step once, together, and all exit 75 (130 when any received
 TensorFlow's multi-worker runtime installs a SIGTERM handler of its own (its preemption notifier,
 which only logs) when the strategy connects to the cluster; `take_back` installs this one again.
 
-From the first signal on, the process ignores further SIGTERMs (`SIG_IGN`, which also holds while
-the interpreter shuts down): a scheduler's repeated SIGTERM must not turn exit 75 into 143. A
+From the first signal on, the process ignores further SIGTERMs and SIGHUPs (`SIG_IGN`, which
+holds while the interpreter shuts down): a scheduler's repeated SIGTERM must not turn exit 75
+into 143. A
 further SIGINT (a second Ctrl-C) ends the process at once (`SIG_DFL`), the save under way or not.
 """
 
@@ -35,7 +37,9 @@ from absl import logging
 from orbitask.trainers.actions.schedule import AGREED
 from orbitask.trainers.errors import Interrupted, Preempted
 
-_SIGNALS = (None, signal.SIGTERM, signal.SIGINT)  # `agree`'s codes: the largest one wins
+# The signals that stop a run, and `agree`'s codes (their index): the largest one wins.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+CODES = (None, *STOP_SIGNALS)
 
 
 class _SignalDuringWait(BaseException):
@@ -44,7 +48,7 @@ class _SignalDuringWait(BaseException):
 
 
 class PreemptionWatcher:
-    """An Orbit train and eval action that stops the run once SIGTERM was received. Eager.
+    """An Orbit train and eval action that stops the run once a stop signal was received. Eager.
 
     Use as a context manager around the whole run: it installs the handler, and on leaving
     restores the previous one, unless a signal came (the process is on its way to exit 75, and
@@ -54,20 +58,21 @@ class PreemptionWatcher:
       current_step: returns the global step (after the last device loop).
       save: saves the training state at the current step, unless the newest checkpoint holds
         it, and returns that checkpoint's path; None where the run does not train.
-      signals: the signals that stop the run (SIGINT raises `Interrupted`).
+      signals: the signals that stop the run (SIGINT raises `Interrupted`, the others
+        `Preempted`).
       stopped: `stopped(signal_name, step) -> str`, the one line said where the run does not
         train (`save` None); None: an evaluation's line.
 
     Attributes:
       agree: None on one process; with several workers, a collective that returns the largest
-        of every worker's argument (0: no signal, 1: SIGTERM, 2: SIGINT).
+        of every worker's argument (0: no signal, 1: SIGTERM, 2: SIGHUP, 3: SIGINT).
     """
 
     def __init__(
         self,
         current_step: Callable[[], int],
         save: Callable[[], str] | None = None,
-        signals: tuple = (signal.SIGTERM, signal.SIGINT),
+        signals: tuple = STOP_SIGNALS,
         stopped: Callable[[str, int], str] | None = None,
     ):
         self.current_step = current_step
@@ -117,8 +122,8 @@ class PreemptionWatcher:
 
     def vote(self) -> tuple[int, int]:
         """This worker's code for the workers' agreement (`Periodic.vote`): 0 no signal, 1
-        SIGTERM, 2 SIGINT, and the bound 3. Eager host Python."""
-        return _SIGNALS.index(self.received), len(_SIGNALS)
+        SIGTERM, 2 SIGHUP, 3 SIGINT, and the bound 4. Eager host Python."""
+        return CODES.index(self.received), len(CODES)
 
     def __call__(self, output=None) -> None:
         """After each device loop of training and each evaluation: once a signal was received,
@@ -126,10 +131,10 @@ class PreemptionWatcher:
         on any, saves (where the run trains) and raises `Preempted`; else returns None."""
         code = (output or {}).get(AGREED)
         if code is None and self.agree is not None:  # every worker, at the same point
-            code = self.agree(_SIGNALS.index(self.received))
+            code = self.agree(CODES.index(self.received))
         if code is not None:  # the agreed code alone decides, the same on every worker: a
             # signal that came after this worker's vote stops them all at the next agreement
-            agreed = _SIGNALS[code]
+            agreed = CODES[code]
             if agreed is None:
                 return
             self._stopping(agreed)  # where another worker's signal stops this one

@@ -6,14 +6,14 @@
 
 For tests and for trying a cluster configuration on one machine. It only starts processes (the
 usual binary, each with its TF_CONFIG and free ports, detached from the terminal and, on Linux,
-dying with the launcher), prefixes their output (`relay.py`), relays SIGTERM / SIGINT (a
+dying with the launcher), prefixes their output (`relay.py`), relays SIGTERM / SIGHUP / SIGINT (a
 terminal's Ctrl-C reaches the launcher alone) and restarts; all training logic stays in the
 binary. It binds `run_experiment.strategy` to the cluster it starts: `multi_worker_mirrored`
 (N workers, worker 0 is the chief) or, with `--ps P`, `parameter_server` (a chief that
 coordinates, N workers and P parameter servers).
 
-Exit status: 0 when the job succeeded; 75 (130) when SIGTERM (SIGINT) to the launcher or to any
-worker stopped the job: every worker saved the same step and stopped together, and the same
+Exit status: 0 when the job succeeded; 75 (130) when SIGTERM or SIGHUP (SIGINT) to the launcher
+or any worker stopped the job: every worker saved the same step and stopped together, and the same
 command resumes it; otherwise the first failure's status (128 + signal for a process killed by a
 signal), after killing the other processes. With `--max_restarts K`, a failed job is stopped and
 started again from its last checkpoint, up to K times (a stopped one is not). Under
@@ -254,7 +254,8 @@ class Launcher:
 
     def run(self) -> int:
         """Runs the job, restarting it after a failure while restarts remain; returns the status."""
-        handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        stops = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)  # as `actions.preemption`
+        handlers = {s: signal.signal(s, self._on_signal) for s in stops}
         try:
             while True:
                 try:

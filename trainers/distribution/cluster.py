@@ -110,10 +110,12 @@ def agreement(strategy: tf.distribute.Strategy) -> Callable[[list], list[int]] |
 
 def signal_agreement(strategy: tf.distribute.Strategy) -> Callable[[int], int] | None:
     """`PreemptionWatcher.agree` for `strategy`: with several `multi_worker_mirrored` workers,
-    the largest of every worker's code (0 none, 1 SIGTERM, 2 SIGINT: `largest_each`); else
-    None."""
+    the largest of every worker's code (`actions.preemption.CODES`: 0 none, then the stop
+    signals; `largest_each`); else None."""
+    from orbitask.trainers.actions.preemption import CODES
+
     agree = agreement(strategy)
-    return None if agree is None else lambda code: agree([(code, 3)])[0]
+    return None if agree is None else lambda code: agree([(code, len(CODES))])[0]
 
 
 def largest_each(strategy: tf.distribute.Strategy, votes: Sequence[tuple[int, int]]) -> list[int]:
