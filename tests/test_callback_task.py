@@ -169,3 +169,65 @@ def test_a_seed_program_with_per_example_losses_runs_unchanged(tmp_path):
     fns["create_loss"] = PerExampleCrossEntropy
     per_example = _run(CallbackTask(**fns), tmp_path / "per_example")
     assert per_example["train"]["loss"] == pytest.approx(summed["train"]["loss"], rel=1e-5)
+
+
+class FreezingSeedProgram:
+    """The seed README's freeze: an `at_step` callback sets `train_model.layers[0].trainable =
+    False`; `record` keeps both layers' kernels after each step it is due at. Seed callbacks
+    take the step's tensors (each step they are due at runs apart to keep them); the `native_`
+    ones are orbitask callbacks that take none."""
+
+    def __init__(self):
+        self.kernels = {}
+
+    def freeze(self, dev, step, update_gradients, loss, output, batch, train_model, *rest):
+        train_model.layers[0].trainable = False
+
+    def record(self, dev, step, update_gradients, loss, output, batch, train_model, *rest):
+        self.kernels[int(step)] = [np.asarray(layer.kernel) for layer in train_model.layers]
+
+    def native_freeze(self, task, ctx):
+        ctx.model.layers[0].trainable = False
+
+    def native_record(self, task, ctx):
+        self.kernels[ctx.step] = [np.asarray(layer.kernel) for layer in ctx.model.layers]
+
+
+class PlainCallbackTask(CallbackTask):
+    def __init__(self, program, **fns):
+        super().__init__(**fns)
+        self.program = program
+
+    def every_steps(self):
+        return {3: self.program.native_record}
+
+    def at_step(self):
+        return {6: self.program.native_freeze}
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+@pytest.mark.parametrize("tensors", [True, False], ids=["tensor_callbacks", "plain_callbacks"])
+def test_a_layer_frozen_by_a_seed_callback_stops_training(tmp_path, replicas, tensors):
+    program = FreezingSeedProgram()
+    fns = {name: getattr(seed_program, name) for name in SEED_FUNCTIONS}
+    if tensors:
+        task = CallbackTask(**fns, every_steps={3: program.record}, at_step={6: program.freeze})
+    else:
+        task = PlainCallbackTask(program, **fns)
+    run_experiment(
+        task,
+        str(tmp_path),
+        mode="train",
+        train_steps=12,
+        global_batch_size=8,
+        learning_rate=0.05,
+        steps_per_loop=4,
+        strategy="one_device" if replicas == 1 else "mirrored",
+        progress=False,
+    )
+    kernels = program.kernels
+    assert sorted(kernels) == [3, 6, 9, 12]
+    assert not np.array_equal(kernels[3][0], kernels[6][0])  # trained up to step 6
+    for step in (9, 12):
+        np.testing.assert_array_equal(kernels[step][0], kernels[6][0])  # frozen after it
+        assert not np.array_equal(kernels[step][1], kernels[step - 3][1])  # the rest trains

@@ -148,3 +148,61 @@ def test_a_step_log_named_as_a_metric_is_refused_in_one_line(tmp_path):
             progress=False,
         )  # fmt: skip
     assert not list(tmp_path.glob("ckpt-*"))
+
+
+class ModelGardenSignatures(OwnStep):
+    """Model Garden's step signatures, as its users write them: no orbitask keywords."""
+
+    def build_inputs(self, per_replica_batch_size, input_context=None, training=True):
+        ds = super().build_inputs(per_replica_batch_size, input_context, training)
+        return ds if training else ds.take(4)
+
+    def train_step(self, inputs, model, optimizer, metrics=None):
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        with tf.GradientTape() as tape:
+            error = model(inputs["x"], training=True) - inputs["y"]
+            loss = tf.reduce_mean(tf.square(error))
+            scaled_loss = loss / replicas  # Model Garden's division by the replicas
+        variables = model.trainable_variables
+        grads = tape.gradient(scaled_loss, variables)
+        optimizer.apply_gradients(zip(grads, variables, strict=True))
+        if metrics:
+            metrics[0].update_state(1.0)
+        return {self.loss: loss}
+
+    def validation_step(self, inputs, model, metrics=None):
+        error = model(inputs["x"], training=False) - inputs["y"]
+        return {self.loss: tf.reduce_mean(tf.square(error))}
+
+    replica_logs = "mean"
+
+
+class TakesSomeKeywords(ModelGardenSignatures):
+    """A step that declares one of orbitask's keywords gets it; `**kwargs` gets all."""
+
+    seen = {}
+
+    def train_step(self, inputs, model, optimizer, metrics=None, *, global_batch_size):
+        self.seen["train"] = global_batch_size
+        return super().train_step(inputs, model, optimizer, metrics)
+
+    def validation_step(self, inputs, model, metrics=None, **kwargs):
+        self.seen["validation"] = sorted(kwargs)
+        return super().validation_step(inputs, model, metrics)
+
+
+@pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
+def test_model_garden_step_signatures_train_and_evaluate(tmp_path, strategy):
+    runs = {}
+    for kind in (ModelGardenSignatures, TakesSomeKeywords):
+        task = kind()
+        logs = run_experiment(
+            task, str(tmp_path / kind.__name__), mode="train_and_eval", train_steps=10,
+            global_batch_size=8, strategy=strategy, progress=False, steps_per_loop=5,
+            eval_interval=10, seed=0,
+        )  # fmt: skip
+        assert np.isfinite(logs["eval"]["loss"]) and np.isfinite(logs["train"]["loss"])
+        runs[kind] = [np.asarray(w) for w in task.model.weights]
+    for got, want in zip(runs[TakesSomeKeywords], runs[ModelGardenSignatures], strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert TakesSomeKeywords.seen == {"train": 8, "validation": ["loss_fn", "lr"]}

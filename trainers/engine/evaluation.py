@@ -28,7 +28,7 @@ import numpy as np
 import orbit
 import tensorflow as tf
 
-from orbitask.tasks import eval_logs
+from orbitask.tasks import eval_logs, step_signature
 from orbitask.tasks.base import Task
 from orbitask.trainers import compat
 from orbitask.trainers.distribution.cluster import all_replica_values
@@ -191,8 +191,8 @@ class TaskEvaluator(orbit.StandardEvaluator):
         return tf.nest.map_structure(lambda v: all_replica_values(self.strategy, v), logs)
 
     def _replica_eval_step(self, batch):
-        return self.task.validation_step(
-            batch, self.model, self.eval_metrics, loss_fn=self.loss_fn, lr=self.lr
+        return step_signature.validation_step(
+            self.task, batch, self.model, self.eval_metrics, loss_fn=self.loss_fn, lr=self.lr
         )
 
     def eval_reduce(self, state=None, step_outputs=None):

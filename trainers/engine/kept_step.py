@@ -50,6 +50,11 @@ class KeptStep:
         self.tensors = (int(out["step"]), self._distributed(local))
         return out
 
+    def reset(self) -> None:
+        """Drops the traced step, so the next `run` traces it again (after the trainable set
+        changed). Eager; returns None."""
+        self._fn = None
+
     def at(self, step: int) -> dict:
         """The kept tensors of `step` by name (`ctx.outputs`, ...), or {} when none. Eager."""
         if self.tensors is None or self.tensors[0] != step:

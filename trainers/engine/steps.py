@@ -25,7 +25,7 @@ import tensorflow as tf
 from absl import logging
 
 from orbitask.common import keras_compat
-from orbitask.tasks import replica_logs
+from orbitask.tasks import replica_logs, step_signature
 from orbitask.trainers.engine.replica_batches import ReplicaBatches
 from orbitask.trainers.state import random_state
 
@@ -99,7 +99,8 @@ def task_train_step(objects: TaskObjects) -> Callable:
 
     def replica_step(batch):
         o = objects
-        return o.task.train_step(
+        return step_signature.train_step(
+            o.task,
             batch,
             o.model,
             o.optimizer,

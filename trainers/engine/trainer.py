@@ -3,8 +3,8 @@
 Hook order, as the Controller drives it::
 
     train(num_steps):                           # one device loop, num_steps from steps_per_loop
-      train_loop_begin()                        # eager: reset metrics, rebuild the step fn
-                                                #   if trainable vars changed
+      train_loop_begin()                        # eager: reset metrics; retrace every step
+                                                #   fn if the trainable vars changed
       learning_rate.sync(optimizer)             # traced, first in the loop function: `lr`
                                                 #   into the optimizer when it owns the rate
       repeat num_steps times (tf.while_loop in one tf.function; the step's only trace in it,
@@ -289,9 +289,18 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         self.replica_draws()
         signature = _trainable_signature(self.model)
         if signature != self._trainable_signature:
-            # A callback froze or unfroze layers: retrace so the step trains the new set.
+            # A callback froze or unfroze layers: every traced function is traced anew, so the
+            # step trains the new set (and a frozen BatchNorm runs as Keras runs it frozen).
             self._trainable_signature = signature
-            self._loop_fn = None
+            self.retrace()
+
+    def retrace(self) -> None:
+        """Drops every traced function of this trainer (the loop function, the kept step, the
+        evaluation's), so each is traced again when next used. Eager; returns None."""
+        self._loop_fn = None
+        if self.kept is not None:
+            self.kept.reset()
+        self._eval_device_fns = self._eval_gather_fns = None
 
     def train_step(self, iterator):
         """One distributed step = one optimizer update (cross-replica context, traced).

@@ -14,6 +14,7 @@ from typing import Any
 import tensorflow as tf
 
 from orbitask.common.errors import one_line
+from orbitask.tasks import step_signature
 from orbitask.tasks.base import Task
 from orbitask.trainers.distribution import cluster
 from orbitask.trainers.engine import user_code
@@ -53,8 +54,8 @@ def check_first_eval_batches(task: Any, strategy: Any, datasets: Any, objects: A
     @tf.function
     def first_step(batch):
         def replica_step(batch):
-            return task.validation_step(
-                batch, objects.model, metrics, loss_fn=objects.loss_fn, lr=objects.lr
+            return step_signature.validation_step(
+                task, batch, objects.model, metrics, loss_fn=objects.loss_fn, lr=objects.lr
             )
 
         return strategy.run(replica_step, args=(batch,))

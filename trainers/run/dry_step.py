@@ -19,6 +19,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from orbitask.tasks import step_signature
 from orbitask.trainers.run.saved_model import zeros
 from orbitask.trainers.state import random_state
 
@@ -53,7 +54,8 @@ def build_weights(task: Any, strategy: Any, spec: Any, batch_size: int, objects:
     )
 
     def dry_step(batch):
-        return task.train_step(
+        return step_signature.train_step(
+            task,
             batch,
             objects.model,
             stand_in,
