@@ -13,9 +13,9 @@ file appended after every device loop would cost O(n^2). On the local disk (no s
 object, a segment (`metrics.part-000001.jsonl` beside `metrics.jsonl`), when flushed: at each
 checkpoint save of a training run (`flush_appends`, before the checkpoint is written, so a resume
 from it finds every line up to it), and at once for an appender made with `buffered=False`. A
-rewind rewrites `<path>` whole and removes the segments. `read_appended(path)` reads `<path>` and its segments back as one text;
-`pieces(path)` lists them in order (for pandas: `pandas.concat(pandas.read_json(p, lines=True)
-for p in pieces(path))`).
+rewind rewrites `<path>` whole and removes the segments. `read_appended(path)` reads `<path>` and
+its segments back as one text; `pieces(path)` lists them in order (for pandas:
+`pandas.concat(pandas.read_json(p, lines=True) for p in pieces(path))`).
 
 Only the schemes TensorFlow has registered work (`file`, `ram`, `gs` with TensorFlow 2.20):
 `check_scheme` refuses any other before any work.
@@ -129,29 +129,39 @@ def open(path: str, mode: str = "r") -> tf.io.gfile.GFile:  # noqa: A001 (the mo
     return tf.io.gfile.GFile(path, mode)
 
 
+def read_bytes(path: str) -> bytes:
+    """The bytes of `path`.
+
+    Raises:
+      tf.errors.NotFoundError: when it is missing.
+    """
+    with tf.io.gfile.GFile(path, "rb") as f:
+        return f.read()
+
+
 def read_text(path: str, default: str | None = None) -> str | None:
     """The text of `path` (bytes that are not UTF-8 replaced), or `default` when it is missing."""
     try:
-        with tf.io.gfile.GFile(path, "rb") as f:
-            return f.read().decode("utf-8", errors="replace")
+        return read_bytes(path).decode("utf-8", errors="replace")
     except tf.errors.NotFoundError:
         return default
 
 
-def write_text(path: str, text: str) -> None:
-    """Writes `path` whole. Locally under a temporary name renamed into place, so a reader never
-    sees half a file; on object storage in one upload (an object appears only when complete).
-    Its folder is made first."""
+def write_text(path: str, text: str | bytes) -> None:
+    """Writes `path` whole (`text` as UTF-8, or bytes). Locally under a temporary name renamed
+    into place, so a reader never sees half a file; on object storage in one upload (an object
+    appears only when complete). Its folder is made first."""
     folder = path.rpartition("/")[0]
     if folder and not tf.io.gfile.isdir(folder):
         tf.io.gfile.makedirs(folder)
+    mode = "wb" if isinstance(text, bytes) else "w"
     if not is_local(path):
-        with tf.io.gfile.GFile(path, "w") as f:
+        with tf.io.gfile.GFile(path, mode) as f:
             f.write(text)
         return
     temporary = f"{path}.tmp{uuid.uuid4().hex}"
     try:
-        with tf.io.gfile.GFile(temporary, "w") as f:
+        with tf.io.gfile.GFile(temporary, mode) as f:
             f.write(text)
         tf.io.gfile.rename(temporary, path, overwrite=True)
     finally:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from orbitask.common import files
 from orbitask.trainers.actions.preemption import PreemptionWatcher
 from orbitask.trainers.distribution import cluster
 from orbitask.trainers.engine import user_code
@@ -77,7 +78,7 @@ def _predict(task, model_dir, settings, strategy, watcher, checkpoint, output_di
     )
     done = 0
     if not fast:
-        os.makedirs(folder, exist_ok=True)
+        files.makedirs(folder)
         if predictions.check_manifest(folder, facts) is not None:
             predictions.remove_partial(folder, worker)
             done = predictions.steps_done(folder, workers)
