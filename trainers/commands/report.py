@@ -12,7 +12,7 @@ it never builds the task.
 from __future__ import annotations
 
 import dataclasses
-import glob
+import io
 import os
 import re
 import sys
@@ -20,6 +20,7 @@ import sys
 import numpy as np
 from absl import flags
 
+from orbitask.common import files
 from orbitask.trainers.state import metrics_file
 
 FLAGS = flags.FlagValues()
@@ -97,13 +98,13 @@ def load_run(model_dir: str) -> Run:
     Raises:
       ReportError: when the directory is missing or holds no event files.
     """
-    if not os.path.isdir(model_dir):
+    if not files.isdir(model_dir):
         raise ReportError(f"--model_dir {model_dir!r} does not exist or is not a directory.")
     series: dict[str, Series] = {}
     spans: dict[str, list[float]] = {}
     for split in ("train", "eval"):
         rows: dict[str, dict[int, float]] = {}
-        for path in sorted(glob.glob(os.path.join(model_dir, split, "events.out.tfevents.*"))):
+        for path in files.glob(os.path.join(model_dir, split, "events.out.tfevents.*")):
             # events.out.tfevents.<time>.<host>.<pid>.<n>.v2: one process writes one per split.
             process = ".".join(os.path.basename(path).split(".")[4:-2])
             for tag, step, wall, value in read_events(path):
@@ -122,7 +123,7 @@ def load_run(model_dir: str) -> Run:
         )
     seconds = [end - start for start, end in spans.values()]
     metrics = os.path.join(model_dir, metrics_file.NAME)
-    if os.path.isfile(metrics):  # rewound on every resume: each split and step once
+    if files.pieces(metrics):  # rewound on every resume: each split and step once
         series = _series_of(metrics_file.read(metrics))
     return Run(series["train"], series["eval"], seconds)
 
@@ -246,7 +247,14 @@ def plot(run: Run, path: str, title: str = "") -> None:
             ax.set_yscale("log")
     if title:
         figure.suptitle(title)
-    figure.savefig(path)
+    save(figure, path)
+
+
+def save(figure, path: str) -> None:
+    """Writes `figure` as a PNG to `path`, local or not (through `files`). Eager."""
+    data = io.BytesIO()
+    figure.savefig(data, format="png")
+    files.write_text(path, data.getvalue())
 
 
 def summary(run: Run, model_dir: str, png: str, metric: str | None) -> str:
@@ -291,7 +299,7 @@ def report(model_dir: str, output: str | None = None, metric: str | None = None)
     chosen = pick_metric(run, metric)
     png = output or os.path.join(model_dir, "report.png")
     try:
-        plot(run, png, title=os.path.basename(os.path.normpath(model_dir)))
+        plot(run, png, title=model_dir.rstrip("/").rpartition("/")[2] or model_dir)
     except OSError as e:
         raise ReportError(f"cannot write the plot to --output {png!r}: {e.strerror or e}.") from e
     return summary(run, model_dir, png, chosen)
