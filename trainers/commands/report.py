@@ -251,7 +251,14 @@ def plot(run: Run, path: str, title: str = "") -> None:
 
 
 def save(figure, path: str) -> None:
-    """Writes `figure` as a PNG to `path`, local or not (through `files`). Eager."""
+    """Writes `figure` as a PNG to `path`, local or not (through `files`). Eager.
+
+    Raises:
+      OSError: when `path`'s folder does not exist.
+    """
+    folder = path.rpartition("/")[0]
+    if folder and not files.isdir(folder):
+        raise OSError(f"no folder {folder}")
     data = io.BytesIO()
     figure.savefig(data, format="png")
     files.write_text(path, data.getvalue())
