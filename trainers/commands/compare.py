@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import os
 
+from orbitask.common import files
 from orbitask.trainers.commands import report
 from orbitask.trainers.state import settings_record
 
 
 def is_run(path: str) -> bool:
     """Whether `path` is a model directory (it has `train/`, `eval/` or `metrics.jsonl`)."""
-    return any(
-        os.path.exists(os.path.join(path, name)) for name in ("train", "eval", "metrics.jsonl")
+    return any(files.exists(os.path.join(path, name)) for name in ("train", "eval")) or bool(
+        files.pieces(os.path.join(path, "metrics.jsonl"))
     )
 
 
@@ -33,13 +34,13 @@ def find_runs(paths: list[str]) -> list[str]:
     """
     runs = []
     for path in paths:
-        if not os.path.isdir(path):
+        if not files.isdir(path):
             raise report.ReportError(f"--model_dir {path!r} does not exist or is not a directory.")
         if is_run(path):
             runs.append(path)
             continue
-        below = [os.path.join(path, n) for n in sorted(os.listdir(path))]
-        found = [p for p in below if os.path.isdir(p) and is_run(p)]
+        below = [os.path.join(path, n) for n in files.listdir(path)]
+        found = [p for p in below if files.isdir(p) and is_run(p)]
         if not found:
             raise report.ReportError(
                 f"--model_dir {path!r} is neither a run (no train/, eval/ or metrics.jsonl) "
@@ -52,9 +53,24 @@ def find_runs(paths: list[str]) -> list[str]:
 def names(runs: list[str]) -> list[str]:
     """Each run's shortest distinct name: its path below the runs' common folder."""
     if len(runs) == 1:
-        return [os.path.basename(os.path.normpath(runs[0]))]
-    common = os.path.commonpath([os.path.abspath(r) for r in runs])
-    return [os.path.relpath(os.path.abspath(r), common) for r in runs]
+        return [runs[0].rstrip("/").rpartition("/")[2] or runs[0]]
+    common = common_folder(runs)
+    if all(files.is_local(r) for r in runs):
+        return [os.path.relpath(os.path.abspath(r), common) for r in runs]
+    return [r.rstrip("/")[len(common) :].lstrip("/") for r in runs]
+
+
+def common_folder(runs: list[str]) -> str:
+    """The runs' common folder: a local path's absolute one, or (with a scheme) the longest
+    shared leading `/`-parts of the paths as written."""
+    if all(files.is_local(r) for r in runs):
+        return os.path.commonpath([os.path.abspath(r) for r in runs])
+    same = []
+    for column in zip(*(r.rstrip("/").split("/") for r in runs), strict=False):
+        if len(set(column)) > 1:
+            break
+        same.append(column[0])
+    return "/".join(same)
 
 
 def differing_bindings(runs: list[str]) -> dict[str, list[str]]:
@@ -62,11 +78,10 @@ def differing_bindings(runs: list[str]) -> dict[str, list[str]]:
     unbound in that run, or no `operative_config.gin`)."""
     each = []
     for run in runs:
-        path = os.path.join(run, settings_record.LATEST)
+        text = files.read_text(os.path.join(run, settings_record.LATEST), "")
         try:
-            with open(path, encoding="utf-8", errors="replace") as f:
-                each.append(settings_record.bindings(f.read()))
-        except (OSError, SyntaxError, ValueError):
+            each.append(settings_record.bindings(text))
+        except (SyntaxError, ValueError):
             each.append({})
     keys = list(dict.fromkeys(k for one in each for k in one))
     values = {k: [one.get(k, "-") for one in each] for k in keys}
@@ -121,7 +136,7 @@ def plot(runs: list[str], loaded: list[report.Run], metric: str | None, path: st
             ax.legend()
         else:
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
-    figure.savefig(path)
+    report.save(figure, path)
 
 
 def report_runs(runs: list[str], output: str | None, metric: str | None) -> str:
@@ -139,8 +154,7 @@ def report_runs(runs: list[str], output: str | None, metric: str | None) -> str:
         chosen = metric
     else:
         chosen = next((m for m in map(report.pick_metric, loaded) if m), None)
-    common = os.path.commonpath([os.path.abspath(r) for r in runs])
-    png = output or os.path.join(common, "report.png")
+    png = output or os.path.join(common_folder(runs), "report.png")
     try:
         plot(runs, loaded, chosen, png)
     except OSError as e:
