@@ -89,6 +89,24 @@ def glob(pattern: str) -> list[str]:
     return sorted(tf.io.gfile.glob(pattern))
 
 
+def is_folder(path: str) -> bool:
+    """Whether `path` is a folder and not a checkpoint prefix (`ram://` calls `.../ckpt-3` a
+    folder since `ckpt-3.index` begins with it)."""
+    return tf.io.gfile.isdir(path) and not tf.io.gfile.exists(path + ".index")
+
+
+def checkpoint_reader(prefix: str) -> Any:
+    """A `CheckpointReader` of the checkpoint at `prefix`. Eager.
+
+    Raises:
+      tf.errors.OpError: when it cannot be read.
+    """
+    # Not tf.train.load_checkpoint: it asks gfile whether `prefix` is a folder (to read the
+    # folder's latest checkpoint), and ram:// says yes for `.../ckpt-3` since `ckpt-3.index`
+    # begins with it; the reader of the prefix itself is the same on every file system.
+    return tf.compat.v1.train.NewCheckpointReader(prefix)
+
+
 def makedirs(path: str) -> None:
     tf.io.gfile.makedirs(path)
 

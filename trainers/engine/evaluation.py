@@ -28,6 +28,7 @@ import numpy as np
 import orbit
 import tensorflow as tf
 
+from orbitask.common import files
 from orbitask.tasks import eval_logs, step_signature
 from orbitask.tasks.base import Task
 from orbitask.trainers import compat
@@ -244,7 +245,7 @@ def check_checkpoint(path: str) -> None:
             f"`eval_checkpoint` must be a checkpoint prefix such as runs/x/ckpt-1000; received "
             f"{path!r}. Fix --checkpoint or orbitask.run_experiment.eval_checkpoint."
         )
-    if tf.io.gfile.isdir(path):
+    if files.is_folder(path):
         reason = "it is a directory"
     elif not tf.io.gfile.exists(path + ".index"):
         reason = f"there is no {path}.index"

@@ -17,6 +17,7 @@ import keras
 import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
+from orbitask.common import files
 from orbitask.trainers.errors import ConfigError
 
 
@@ -125,10 +126,10 @@ class WarmStart:
           ConfigError: when the checkpoint cannot be read or nothing at all matched.
         """
         path = self.init_checkpoint
-        if path and tf.io.gfile.isdir(path):
+        if path and files.is_folder(path):
             path = tf.train.latest_checkpoint(path)
         try:
-            reader = tf.train.load_checkpoint(path)
+            reader = files.checkpoint_reader(path)
         except (tf.errors.OpError, ValueError, TypeError) as e:
             raise ConfigError(
                 f"WarmStart.init_checkpoint {self.init_checkpoint!r} cannot be read "

@@ -15,6 +15,7 @@ import tensorflow as tf
 from google.protobuf import text_format
 from tensorflow.python.checkpoint import checkpoint_management as _management
 
+from orbitask.common import files
 from orbitask.common.errors import one_line
 
 
@@ -68,7 +69,7 @@ def unreadable_reason(path: str) -> str | None:
     before anything is restored from it.
     """
     try:
-        reader = tf.train.load_checkpoint(path)
+        reader = files.checkpoint_reader(path)
         for key, dtype in reader.get_variable_to_dtype_map().items():
             if dtype != tf.variant:  # iterator state: not readable as NumPy
                 reader.get_tensor(key)
