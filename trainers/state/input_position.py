@@ -29,7 +29,6 @@ import json
 import math
 import os
 import re
-import shutil
 import time
 from collections.abc import Callable
 from typing import Any
@@ -37,6 +36,7 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
+from orbitask.common import files
 from orbitask.trainers import compat
 from orbitask.trainers.state.shuffle_seeds import SEEDS, ShuffleSeeds
 
@@ -218,10 +218,9 @@ class IteratorInput(TrainInput):
                         tf.io.gfile.rmtree(partial)
                     else:
                         tf.io.gfile.remove(partial)
-                try:  # the step's folder, unless another worker's position is in it
-                    os.rmdir(os.path.dirname(path))
-                except OSError:
-                    pass
+                folder = os.path.dirname(path)  # unless another worker's position is in it
+                if not files.listdir(folder):
+                    files.rmtree(folder)
                 raise
             seconds = time.perf_counter() - start
             size = _bytes(path)
@@ -238,7 +237,7 @@ class IteratorInput(TrainInput):
         for step in steps[self.keep :]:
             folder = os.path.join(self.directory, f"ckpt-{step}")
             if self.worker == 0:
-                shutil.rmtree(folder, ignore_errors=True)
+                files.rmtree(folder)
                 continue
             for name in tf.io.gfile.glob(self.path(step) + ".*"):
                 try:

@@ -25,6 +25,7 @@ import socket
 import tensorflow as tf
 from absl import logging
 
+from orbitask.common import files
 from orbitask.trainers.errors import ConfigError
 
 LOCK_FILE = "orbitask.lock"
@@ -113,14 +114,11 @@ def remove_leftovers(model_dir: str) -> None:
     (input positions). Eager; the caller holds the lock."""
     folders = [(model_dir, _LEFTOVER), (os.path.join(model_dir, "best"), _LEFTOVER)]
     inputs = os.path.join(model_dir, "input")
-    if os.path.isdir(inputs):
-        for name in sorted(os.listdir(inputs)):
-            if re.fullmatch(r"ckpt-\d+", name):
-                folders.append((os.path.join(inputs, name), _INPUT_LEFTOVER))
+    for name in files.listdir(inputs):
+        if re.fullmatch(r"ckpt-\d+", name):
+            folders.append((os.path.join(inputs, name), _INPUT_LEFTOVER))
     for folder, pattern in folders:
-        if not os.path.isdir(folder):
-            continue
-        for name in os.listdir(folder):
+        for name in files.listdir(folder):
             if not pattern.fullmatch(name):
                 continue
             path = os.path.join(folder, name)
