@@ -152,6 +152,10 @@ def test_typo_in_a_gin_file_names_the_binding_and_the_file(tmp_path):
             "would change nothing; did you mean TRAIN_STEPS\\?",
         ),
         (["--gin_params=LR = 0.1"], "macro LR is bound but nothing uses it .*use it as %LR"),
+        (
+            ["--gin_params=TRAIN_STEPS = %UNDEFINED_STEPS"],
+            r"macro %UNDEFINED_STEPS is used but not defined; bind it \(UNDEFINED_STEPS = ",
+        ),
         (["--no_such_flag=1"], "Unknown command line flag 'no_such_flag'"),
         (["--model_dir="], "--model_dir is required"),
     ],
@@ -163,6 +167,7 @@ def test_typo_in_a_gin_file_names_the_binding_and_the_file(tmp_path):
         "zero_steps_per_loop",
         "typo_of_a_macro",
         "unused_macro",
+        "undefined_macro_of_a_setting",
         "unknown_flag",
         "no_model_dir",
     ],
@@ -354,3 +359,43 @@ def test_mistakes_in_user_files_are_one_line(
     assert err.count("\n") == 1 and err.startswith("orbitask: error: "), err
     assert re.search(expected, err), err
     assert not model_dir.exists() or not any(model_dir.glob("ckpt-*"))
+
+
+def test_a_model_dir_under_home_is_expanded(tmp_path, monkeypatch, capsys):
+    """`--model_dir=~/run` (a shell leaves `~` after `=` as it is) writes under the home folder,
+    where the last line points, and makes no folder named `~`."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    status = train.main(
+        [f"--gin_file={DIGITS}", "--model_dir=~/run", "--mode=train",
+         "--gin_params=TRAIN_STEPS = 2", "--gin_params=orbitask.run_experiment.progress = False"]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert status == 0
+    assert tf.train.latest_checkpoint(str(home / "run")).endswith("ckpt-2")
+    assert not (tmp_path / "~").exists()
+    assert out.strip().splitlines()[-1].endswith(f"--logdir {home / 'run'}")
+
+
+def test_ctrl_c_while_a_command_imports_its_modules_is_one_line_and_exit_130(
+    tmp_path, monkeypatch, capsys
+):
+    """A Ctrl-C at start-up, while the command's modules import (TensorFlow's take seconds),
+    reaches no run's handler: one line, exit 130, no traceback."""
+    from orbitask.trainers.commands import cli
+
+    (tmp_path / "slow_start.py").write_text("raise KeyboardInterrupt  # Ctrl-C during imports\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(cli.COMMANDS, "train", ("slow_start", "a command that imports slowly"))
+    monkeypatch.setattr(sys, "argv", ["orbitask", f"--gin_file={DIGITS}"])
+    try:
+        with pytest.raises(SystemExit) as info:
+            cli.run()
+    except KeyboardInterrupt:
+        pytest.fail("the Ctrl-C at start-up came out of the command as a KeyboardInterrupt")
+    assert info.value.code == 130
+    assert capsys.readouterr().err == (
+        "orbitask: interrupted (Ctrl-C) outside training; nothing saved\n"
+    )

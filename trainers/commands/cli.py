@@ -15,6 +15,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from orbitask.trainers.commands.exits import interruptible
+
 # name -> (module, one-line help). Add a subcommand by adding a row.
 COMMANDS = {
     "train": (
@@ -75,7 +77,7 @@ def usage() -> str:
 
 def run() -> None:
     """Entry point of the `orbitask` command."""
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(interruptible(main, sys.argv[1:]))
 
 
 if __name__ == "__main__":

@@ -13,8 +13,9 @@ from collections.abc import Callable
 EXIT_USAGE = 2  # a user mistake, found before any work
 EXIT_NONFINITE = 3  # the loss or gradient stayed non-finite after the NanGuard's rollbacks
 EXIT_NO_SPACE = 4  # the disk filled during a save; the previous checkpoint is intact
-EXIT_PREEMPTED = 75  # SIGTERM: checkpoint saved, run the same command again to resume
+EXIT_PREEMPTED = 75  # SIGTERM or SIGHUP: checkpoint saved, run the same command again to resume
 EXIT_INTERRUPTED = 130  # SIGINT (Ctrl-C), as a shell reports it; the checkpoint saved as above
+INTERRUPTED_OUTSIDE = "orbitask: interrupted (Ctrl-C) outside training; nothing saved"
 
 
 def fail(message: object) -> int:
@@ -73,6 +74,17 @@ def exit_status(error: Exception) -> int | None:
     return None
 
 
+def interruptible(main: Callable[[list[str]], int], argv: list[str]) -> int:
+    """Runs a command's `main(argv)`; a Ctrl-C that no run's handler takes (while the command
+    imports its modules at start-up) is one line and `EXIT_INTERRUPTED`. Eager; returns the
+    status."""
+    try:
+        return main(argv)
+    except KeyboardInterrupt:
+        print(INTERRUPTED_OUTSIDE, file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
 def run_reported(work: Callable[[], object]) -> int:
     """Runs `work()`, then clears gin's configuration whatever happened. Eager.
 
@@ -87,7 +99,7 @@ def run_reported(work: Callable[[], object]) -> int:
     try:
         work()
     except KeyboardInterrupt:  # Ctrl-C before a run's handler was installed (or after it)
-        print("orbitask: interrupted (Ctrl-C) outside training; nothing saved", file=sys.stderr)
+        print(INTERRUPTED_OUTSIDE, file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as e:
         status = exit_status(e)

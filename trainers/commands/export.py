@@ -186,6 +186,8 @@ def main(argv: list[str]) -> int:
 
     from orbitask.trainers.commands import train
 
+    train.expand_home(FLAGS, "model_dir", "output_dir")
+
     def export_checkpoint() -> None:
         path = checkpoint_to_export(FLAGS.model_dir, FLAGS.best)
         files = gin_files(FLAGS.model_dir, FLAGS.gin_file)

@@ -18,7 +18,7 @@ import tokenize
 
 from absl import flags
 
-from orbitask.trainers.commands.exits import fail, run_reported
+from orbitask.trainers.commands.exits import fail, interruptible, run_reported
 
 FLAGS = flags.FlagValues()
 flags.DEFINE_multi_string("gin_file", [], "Gin config file(s), in order.", flag_values=FLAGS)
@@ -124,11 +124,12 @@ def parse_gin(gin_files: list[str], gin_params: list[str], untrusted: str | None
         raise ConfigError(f"bad gin config: {_one_line(e)}") from e
     finally:
         sys.path[:] = kept
-    _refuse_unused_macros(*compat.gin_macros())
+    _check_macros(*compat.gin_macros())
 
 
-def _refuse_unused_macros(bound: set[str], used: set[str]) -> None:
-    """A macro that nothing references is a typo, or a setting that would be silently ignored.
+def _check_macros(bound: set[str], used: set[str]) -> None:
+    """A macro used but never bound would stop the run with gin's traceback where it is read; a
+    macro that nothing references is a typo, or a setting that would be silently ignored.
 
     Raises:
       ConfigError: naming the first one, and the bound macro it is closest to.
@@ -137,6 +138,13 @@ def _refuse_unused_macros(bound: set[str], used: set[str]) -> None:
 
     from orbitask.trainers.errors import ConfigError
 
+    undefined = sorted(used - bound)
+    if undefined:
+        name = undefined[0]
+        raise ConfigError(
+            f"bad gin config: macro %{name} is used but not defined; bind it ({name} = ...) in "
+            "your .gin file or with --gin_params."
+        )
     unused = sorted(bound - used)
     if not unused:
         return
@@ -198,6 +206,14 @@ def build_task():
     return task
 
 
+def expand_home(flag_values: flags.FlagValues, *names: str) -> None:
+    """Expands a leading `~` of the path flags `names` (a shell leaves `--model_dir=~/run` as it
+    is), so that the run writes where its lines say. Eager; returns None."""
+    for name in names:
+        if flag_values[name].value:
+            flag_values[name].value = os.path.expanduser(flag_values[name].value)
+
+
 def _one_line(error: BaseException) -> str:
     from orbitask.common.errors import one_line
 
@@ -220,6 +236,7 @@ def main(argv: list[str]) -> int:
         return fail("--gin_file is required, e.g. --gin_file=experiments/digits.gin")
     if not FLAGS.model_dir:
         return fail("--model_dir is required: where checkpoints and summaries go.")
+    expand_home(FLAGS, "model_dir", "output_dir")
 
     from orbitask.trainers.run.experiment import run_experiment
 
@@ -235,8 +252,8 @@ def main(argv: list[str]) -> int:
 
 
 def run() -> None:
-    """Console-script entry point (`orbitask`)."""
-    sys.exit(main(sys.argv[1:]))
+    """Console-script entry point (`python -m orbitask.trainers.commands.train`)."""
+    sys.exit(interruptible(main, sys.argv[1:]))
 
 
 if __name__ == "__main__":

@@ -78,7 +78,8 @@ class ModeRunning:
 
     def _end_facts(self, ended: str) -> None:
         """Ends run.json's entry of a run that stopped (`ended`: why); a failure to write it is
-        logged, never raised over the run's own error. Eager."""
+        logged, never raised over the run's own error; the loggers record the end. Eager."""
+        self._end_records(ended)
         if self.facts is None:
             return
         try:
@@ -294,8 +295,14 @@ class ModeRunning:
         self.summaries.eval.flush()
         if self.facts is not None and (line := self.facts.end(self._step_now(), "finished")):
             messages.say(line)
+        self._end_records("finished")
         where = self.model_dir if self.training else self.output_dir
         messages.run_end(where, self.training)
+
+    def _end_records(self, ended: str) -> None:
+        """The run's loggers record its end (`loggers.Records.end`). Eager."""
+        if self.summaries.train.metrics is not None:  # a training run's chief
+            self.summaries.train.metrics.end(ended)
 
 
 def run_controller(
