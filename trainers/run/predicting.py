@@ -23,7 +23,7 @@ from orbitask.trainers.distribution import cluster
 from orbitask.trainers.engine import user_code
 from orbitask.trainers.engine.inputs import checked_source, evaluation_dataset
 from orbitask.trainers.errors import ConfigError
-from orbitask.trainers.run import builders, messages
+from orbitask.trainers.run import builders, folders, messages
 from orbitask.trainers.run.settings import Settings
 from orbitask.trainers.state import predictions
 
@@ -62,6 +62,10 @@ def _predict(task, model_dir, settings, strategy, watcher, checkpoint, output_di
     chief = cluster.is_chief(strategy)
     if chief:
         messages.say(cluster.describe(strategy))
+    if not fast:  # a read-only model directory needs --output_dir
+        folders.check_model_dir(
+            model_dir, output_dir or model_dir, False, "predict writes predictions/"
+        )
     path = checkpoint or _newest(model_dir)
     batch = settings.loop.global_batch_size
     per_replica = batch // strategy.num_replicas_in_sync

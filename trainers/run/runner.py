@@ -23,7 +23,7 @@ from orbitask.trainers.actions.profiling import Profiler
 from orbitask.trainers.actions.progress import ProgressAction
 from orbitask.trainers.actions.schedule import Periodic
 from orbitask.trainers.distribution import cluster
-from orbitask.trainers.engine import inputs
+from orbitask.trainers.engine import inputs, user_code
 from orbitask.trainers.engine.loop_length import LoopLength
 from orbitask.trainers.engine.trainer import TaskTrainer
 from orbitask.trainers.run import (
@@ -97,6 +97,7 @@ class ExperimentRunner(ModeRunning):
             compat.orbit_messages_to_absl(),
             self.model_dir_lock,
             self.preemption,
+            user_code.eagerly(self.settings.loop.run_eagerly),  # the checks before step 1 too
         ):
             try:
                 self.build()

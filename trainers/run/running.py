@@ -19,7 +19,7 @@ from absl import logging
 from orbitask.common.errors import one_line
 from orbitask.tasks import CallbackContext
 from orbitask.trainers.actions import summaries
-from orbitask.trainers.engine import evaluation, step_errors, user_code
+from orbitask.trainers.engine import evaluation, step_errors
 from orbitask.trainers.errors import EarlyStop
 from orbitask.trainers.run import checkpointing, messages, saved_model
 from orbitask.trainers.run.controller import Controller
@@ -51,8 +51,7 @@ class ModeRunning:
         failed = ""  # the exception that stopped the run, by name
         with attached:
             try:
-                with user_code.eagerly(self.settings.loop.run_eagerly):
-                    result = self._run_mode()
+                result = self._run_mode()  # under `run_eagerly` when set (`runner.run`)
             except EarlyStop as stop:
                 step = int(objects.global_step.numpy())
                 manager.save(checkpoint_number=step, check_interval=False)
