@@ -12,9 +12,11 @@ step and one evaluation step (`fast_dev_run`; predict: one prediction step), not
 (`LoopSettings`, ...), documented there, and is handed to it by name; configs/defaults.gin lists
 them all.
 
-It returns `{"train": logs, "eval": logs}`, plus `"export"` (the SavedModel folder) when one was
-written, `"evaluated"` (`{"checkpoint", "step", "eval"}` each) for eval_checkpoint or eval_all,
-`"predict"` in mode predict.
+It returns `{"train": logs, "eval": logs, "best": best}`, plus `"export"` (the SavedModel folder)
+when one was written, `"evaluated"` (`{"checkpoint", "step", "eval"}` each) for eval_checkpoint or
+eval_all, `"predict"` in mode predict. `best` is a `trainers.run.best.Best` (the ranked metric,
+its best value, that step and its checkpoint; the run prints it last), or None when the run
+evaluated nothing (mode train, `fast_dev_run`, a worker other than the chief).
 """
 
 from __future__ import annotations
@@ -68,6 +70,9 @@ def run_experiment(
     train_prefetch: int | None = _D["train_prefetch"],
     train_prefetch_bytes: int | None = _D["train_prefetch_bytes"],
     async_checkpoints: bool = _D["async_checkpoints"],
+    max_time: float | str | None = _D["max_time"],
+    stop_signals: Any = _D["stop_signals"],
+    requeue: bool = _D["requeue"],
     strategy: Any = _D["strategy"],
     use_tf_while_loop: bool = _D["use_tf_while_loop"],
     progress: bool = _D["progress"],
@@ -106,6 +111,7 @@ def run_experiment(
             max_to_keep=max_to_keep, warm_start=warm_start,
             keep_input_positions=keep_input_positions, train_prefetch=train_prefetch,
             train_prefetch_bytes=train_prefetch_bytes, async_checkpoints=async_checkpoints,
+            max_time=max_time, stop_signals=stop_signals, requeue=requeue,
         ),
         evaluation=EvalSettings(
             eval_interval=eval_interval, eval_seconds=eval_seconds, eval_steps=eval_steps,
@@ -164,6 +170,7 @@ def _fast_dev_run(
         else:
             runner = ExperimentRunner(task, model_dir, mode, settings, chosen, output_dir=folder)
         results = runner.run()
+    results["best"] = None  # its checkpoint was in the folder just removed
     ran = "one training step and one evaluation step" if trains else "one evaluation step"
     messages.say(f"fast_dev_run: {ran} ran; nothing was written to {model_dir}")
     return results

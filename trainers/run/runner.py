@@ -81,6 +81,7 @@ class ExperimentRunner(ModeRunning):
         self.training = mode in ("train", "train_and_eval")
         self.evaluating = mode != "train"
         self.results: dict = {"train": {}, "eval": {}}
+        self.evaluations: list[tuple[int, dict]] = []  # (step, flat logs) of each evaluation
         if self.evaluates_saved:
             self.results["evaluated"] = []
         self.trainer: TaskTrainer | None = None
@@ -106,7 +107,9 @@ class ExperimentRunner(ModeRunning):
                     raise
                 kept = "training had not started"
                 raise full_disk.no_space_error(e, self.model_dir, kept) from None
-            return self._run()
+            results = self._run()
+            results["best"] = self._best()
+            return results
 
     def build(self) -> None:
         """Builds every object of the run, in this order; each step returns what it builds,

@@ -21,7 +21,7 @@ from orbitask.tasks import CallbackContext
 from orbitask.trainers.actions import summaries
 from orbitask.trainers.engine import evaluation, step_errors
 from orbitask.trainers.errors import EarlyStop
-from orbitask.trainers.run import checkpointing, messages, saved_model
+from orbitask.trainers.run import best, checkpointing, messages, saved_model
 from orbitask.trainers.run.controller import Controller
 from orbitask.trainers.run.settings import EvalSettings, Settings
 from orbitask.trainers.state import checkpoint_restore, full_disk, run_facts, settings_record
@@ -209,10 +209,27 @@ class ModeRunning:
         """Keeps an evaluation's logs, and says its line (the chief; eval_all says its own)."""
         sets = self.eval_dataset if isinstance(self.eval_dataset, dict) else ()
         self.results["eval"] = evaluation.flat_set_logs(output, sets)  # "<set>/<key>"
+        self.evaluations.append((self._step_now(), self.results["eval"]))  # for `best`
         line = messages.eval_line(self._step_now(), self.results["eval"])
         if line and self.chief and not self.evaluates_saved:
             messages.say(line)
         self.task.on_evaluation_end(self._callback_context(self._step_now(), self.results["eval"]))
+
+    def _best(self) -> best.Best | None:
+        """The run's best evaluation of its ranked metric (`best`), said in one line; None on a
+        worker other than the chief or when nothing ranked was evaluated. Eager."""
+        if not (self.chief and self.evaluating):
+            return None
+        saved = None
+        if self.evaluates_saved:
+            saved = {e["step"]: e["checkpoint"] for e in self.results["evaluated"]}
+            self.evaluations = [(e["step"], e["eval"]) for e in self.results["evaluated"]]
+        found = best.of_run(
+            self.model_dir, self.evaluations, self._validation_control(), saved, self.training
+        )
+        if found is not None:
+            messages.say(found.line())
+        return found
 
     def _run_mode(self) -> dict:
         eval_settings, global_step = self.settings.evaluation, self.objects.global_step
