@@ -93,3 +93,22 @@ def test_a_read_only_model_dir_is_evaluated_and_exported_elsewhere(shared):
     assert (out / "saved" / "20" / "saved_model.pb").is_file()
     assert [p.name for p in (out / "saved").iterdir()] == ["20"]
     assert _files(model) == before  # nothing in the model directory changed
+
+
+@pytest.mark.slow  # its fixture trains the model (the other test's)
+def test_predict_on_a_read_only_model_dir_needs_an_output_dir(shared, capsys):
+    """In-process: `--mode=predict` says in one line to pass --output_dir, as eval and export
+    do, then predicts into it."""
+    model, out = shared / "model", shared / "out"
+    before = _files(model)
+    flags = [f"--gin_file={DIGITS}", f"--model_dir={model}", "--mode=predict"]
+    flags.append("--gin_params=orbitask.run_experiment.progress=False")
+    capsys.readouterr()
+    assert train.main(flags) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"orbitask: error: --model_dir '{model}' is not writable ("), err
+    assert "(predict writes predictions/ there: pass --output_dir=DIR)" in err
+    assert train.main([*flags, f"--output_dir={out / 'predicted'}"]) == 0
+    assert list((out / "predicted" / "predictions").iterdir())
+    assert _files(model) == before

@@ -29,9 +29,12 @@ def output_dir(model_dir: str, output_dir: str | None, mode: str) -> str:
     return output_dir
 
 
-def check_model_dir(model_dir: str, output_dir: str, training: bool) -> None:
+def check_model_dir(
+    model_dir: str, output_dir: str, training: bool, writes: str = "an evaluation writes eval/"
+) -> None:
     """Creates the folder the run writes (`model_dir` when training, else `output_dir`) if
-    needed and proves it is writable; an evaluation only reads `model_dir`."""
+    needed and proves it is writable; an evaluation or a prediction only reads `model_dir`.
+    `writes` says what a run that does not train writes there (the refusal's hint)."""
     folder = model_dir if training else output_dir
     probe = os.path.join(folder, f".orbitask-write-test-{uuid.uuid4().hex}")
     try:
@@ -43,7 +46,7 @@ def check_model_dir(model_dir: str, output_dir: str, training: bool) -> None:
         reason = one_line(e, 200)
         if folder != model_dir:
             raise ConfigError(f"--output_dir {folder!r} is not writable ({reason}).") from e
-        hint = "" if training else " (an evaluation writes eval/ there: pass --output_dir=DIR)"
+        hint = "" if training else f" ({writes} there: pass --output_dir=DIR)"
         raise ConfigError(
             f"--model_dir {model_dir!r} is not writable ({reason}){hint}; pass a directory you "
             "can write to."
