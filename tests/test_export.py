@@ -396,19 +396,23 @@ def test_export_imports_no_code_from_the_model_directory(tmp_path, monkeypatch, 
 
 
 def test_the_next_export_removes_what_a_killed_one_left(tmp_path, capsys):
-    """A kill -9 leaves `export/temp-<step>-<pid>-<hex>/`: the next export removes those whose
-    process is gone, and keeps one whose process runs (this one's, here)."""
+    """A kill -9 leaves `export/temp-<step>-<host>-<pid>-<hex>/`: the next export removes those
+    of this host whose process is gone, and keeps one whose process runs (this one's, here) and
+    another host's (its pid says nothing here)."""
     run = tmp_path / "run"
     train_with_gin(run)
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)  # fmt: skip
-    dead = run / "export" / f"temp-6-{int(gone.stdout)}-0123abcd"
-    alive = run / "export" / f"temp-6-{os.getpid()}-89abcdef"
-    for folder in (dead, alive):
+    host = saved_model._host()
+    dead = run / "export" / f"temp-6-{host}-{int(gone.stdout)}-0123abcd"
+    alive = run / "export" / f"temp-6-{host}-{os.getpid()}-89abcdef"
+    other = run / "export" / f"temp-6-other-host.x-{int(gone.stdout)}-0123abcd"
+    for folder in (dead, alive, other):
         folder.mkdir(parents=True)
         (folder / "saved_model.pb").write_bytes(b"half")
     assert cli.main(["export", f"--model_dir={run}"]) == 0
-    assert sorted(p.name for p in (run / "export").iterdir()) == ["6", alive.name]
+    kept = sorted(p.name for p in (run / "export").iterdir())
+    assert kept == sorted(["6", alive.name, other.name])
 
 
 @pytest.mark.slow

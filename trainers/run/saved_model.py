@@ -5,7 +5,9 @@ Layout, under an `export/` folder: `export/<step>/` holds one SavedModel; a task
 `build_model` returns a dict of models gets one SavedModel per model, `export/<step>/<name>/`.
 `<step>` is the global step of the weights, so serving systems that load the highest numbered
 version (TensorFlow Serving) pick the newest export. A step's folder is written under a temporary
-name and renamed into place, replacing an earlier export of the same step.
+name, `temp-<step>-<host>-<pid>-<hex>`, and renamed into place (`files.rename_tree`; on object
+storage a copy of each file), replacing an earlier export of the same step. Temporary folders
+that a killed export of this host left are removed; another host's are left alone.
 
 Each SavedModel has one signature, `serving_default`, calling the model with `training=False`:
 
@@ -25,12 +27,14 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import uuid
 from collections.abc import Mapping
 from typing import Any
 
 import tensorflow as tf
 
+from orbitask.common import files
 from orbitask.common.errors import one_line
 from orbitask.trainers.engine import eval_inputs
 from orbitask.trainers.errors import ConfigError, NoSpaceError
@@ -61,7 +65,7 @@ def write(task: Any, model: Any, export_root: str, step: int, per_replica_batch_
       NoSpaceError: when the device is full (nothing of this export is left).
     """
     final = os.path.join(export_root, str(int(step)))
-    name = f"temp-{int(step)}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    name = f"temp-{int(step)}-{_host()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     temporary = os.path.join(export_root, name)
     made_root = not tf.io.gfile.isdir(export_root)
     try:
@@ -80,9 +84,8 @@ def write(task: Any, model: Any, export_root: str, step: int, per_replica_batch_
             if specs is None:
                 specs = _data_inputs(task, per_replica_batch_size)
             _save(model, specs, temporary)
-        if tf.io.gfile.exists(final):
-            tf.io.gfile.rmtree(final)
-        tf.io.gfile.rename(temporary, final)
+        files.rmtree(final)
+        files.rename_tree(temporary, final)
     except (tf.errors.OpError, OSError) as e:
         if _not_writable(e):
             raise ConfigError(
@@ -110,12 +113,18 @@ def _not_writable(error: BaseException) -> bool:
 
 
 def _remove_abandoned(export_root: str) -> None:
-    """Removes the temporary folders of exports whose process has died (a kill -9), on this
-    machine: `temp-<step>-<pid>-<hex>` whose pid runs no more."""
-    for name in tf.io.gfile.listdir(export_root):
-        found = re.fullmatch(r"temp-\d+-(\d+)-[0-9a-f]{8}/?", name)
-        if found and not _running(int(found.group(1))):
-            _remove(os.path.join(export_root, name.rstrip("/")))
+    """Removes the temporary folders of exports whose process has died (a kill -9) on this host:
+    `temp-<step>-<host>-<pid>-<hex>` whose pid runs no more here. Another host's are left: its
+    export may be running."""
+    for name in files.listdir(export_root):
+        found = re.fullmatch(r"temp-\d+-(.+)-(\d+)-[0-9a-f]{8}", name)
+        if found and found.group(1) == _host() and not _running(int(found.group(2))):
+            _remove(os.path.join(export_root, name))
+
+
+def _host() -> str:
+    """This host's name as a folder name's part (letters, digits, `.` and `_` kept)."""
+    return re.sub(r"[^A-Za-z0-9._]", "_", socket.gethostname()) or "host"
 
 
 def _running(pid: int) -> bool:
