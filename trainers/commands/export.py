@@ -184,11 +184,14 @@ def main(argv: list[str]) -> int:
     if not FLAGS.model_dir:
         return fail("--model_dir is required: the directory of the run to export.")
 
+    from orbitask.common.files import check_scheme
     from orbitask.trainers.commands import train
 
     train.expand_home(FLAGS, "model_dir", "output_dir")
 
     def export_checkpoint() -> None:
+        check_scheme(FLAGS.model_dir, "--model_dir")  # before any work
+        check_scheme(FLAGS.output_dir, "--output_dir")
         path = checkpoint_to_export(FLAGS.model_dir, FLAGS.best)
         files = gin_files(FLAGS.model_dir, FLAGS.gin_file)
         train.parse_gin(files, FLAGS.gin_params, untrusted=FLAGS.model_dir)

@@ -238,9 +238,12 @@ def main(argv: list[str]) -> int:
         return fail("--model_dir is required: where checkpoints and summaries go.")
     expand_home(FLAGS, "model_dir", "output_dir")
 
+    from orbitask.common.files import check_scheme
     from orbitask.trainers.run.experiment import run_experiment
 
     def train() -> None:
+        check_scheme(FLAGS.model_dir, "--model_dir")  # before any work
+        check_scheme(FLAGS.output_dir, "--output_dir")
         parse_gin(FLAGS.gin_file, FLAGS.gin_params)
         task = build_task()
         chosen = {"eval_checkpoint": FLAGS.checkpoint} if FLAGS.checkpoint else {}

@@ -27,7 +27,7 @@ from typing import Any
 
 import gin
 
-from orbitask.common import setting_rules
+from orbitask.common import files, setting_rules
 from orbitask.tasks import model_garden
 from orbitask.trainers import compat
 from orbitask.trainers.run import messages, predicting
@@ -139,6 +139,8 @@ def _run(task, model_dir, mode, settings, chosen, output_dir, quick) -> dict:
     """Runs `mode` (`quick`: `fast_dev_run`), before any work checking that flag. Eager; returns
     the run's results."""
     setting_rules.check("run_experiment", {"fast_dev_run": quick})
+    files.check_scheme(model_dir, "--model_dir")
+    files.check_scheme(output_dir, "--output_dir")
     with compat.custom_gradients_released():  # the run's step graphs go with it
         if mode == "predict":
             return predicting.predict(task, model_dir, settings, chosen, output_dir, quick)
