@@ -40,6 +40,24 @@ def undeclared(task: Any, replicas: int) -> bool:
     return replicas > 1 and task.own_train_step and getattr(task, "replica_logs", None) is None
 
 
+def warning(task: Any, replicas: int) -> str | None:
+    """The start-up warning of a run on `replicas` replicas whose Task's own `train_step`
+    declares no `replica_logs` (`undeclared`): how its logs and its gradients add up over the
+    replicas, and the rule that makes both one device's; None without a cue. Eager."""
+    if not undeclared(task, replicas):
+        return None
+    name = type(task).__name__
+    return (
+        f"{name}.train_step's logs are averaged over the {replicas} replicas, and the "
+        f"optimizer sums their gradients: a loss that is its replica's own mean (a plain "
+        f"tf.reduce_mean) trains with {replicas}x one device's gradients. Sum the per-example "
+        "losses and divide by global_batch_size (tf.nn.compute_average_loss; a Keras 3 loss "
+        "object with its default reduction divides by the replicas already). A log that is "
+        f"such a share of the global batch's mean: declare {name}.replica_logs = 'sum' (or "
+        "{key: 'sum'}). `orbitask verify` compares the logs and the weights with one device's."
+    )
+
+
 def check(task: Any) -> None:
     """Refuses a `replica_logs` that is not None, "mean", "sum" or a dict of those by log key.
     Eager; returns None.

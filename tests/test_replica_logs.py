@@ -10,6 +10,7 @@ import tensorflow as tf
 from absl import logging
 
 from orbitask import ConfigError, run_experiment
+from orbitask.tasks import replica_logs
 from tests.helpers import TinyTask
 
 
@@ -101,8 +102,23 @@ def test_an_undeclared_rule_on_several_replicas_is_named_once(tmp_path, monkeypa
     loss = _loss(tmp_path / "undeclared", Undeclared, "mirrored")
     named = [w for w in warnings if "replica_logs" in w]
     assert len(named) == 1 and named[0].startswith("Undeclared.train_step's logs are averaged")
+    assert "the optimizer sums their gradients" in named[0], named[0]
     one = _loss(tmp_path / "undeclared", Undeclared, "one_device")
     assert loss == pytest.approx(one / 2, rel=1e-5)  # averaged shares: what it warns of
+
+
+def test_the_warning_speaks_of_gradients_and_logs_only_for_an_undeclared_own_step():
+    class Undeclared(TutorialStyle):
+        replica_logs = None
+
+    text = replica_logs.warning(Undeclared(), 2)
+    assert "logs are averaged over the 2 replicas" in text
+    assert "a plain tf.reduce_mean) trains with 2x one device's gradients" in text
+    assert "divide by global_batch_size" in text and "Keras 3 loss object" in text
+    assert "declare Undeclared.replica_logs = 'sum'" in text
+    assert replica_logs.warning(Undeclared(), 1) is None
+    assert replica_logs.warning(TutorialStyle(), 2) is None  # declared
+    assert replica_logs.warning(TinyTask(), 2) is None  # the default step scales its loss
 
 
 class Watching(TinyTask):

@@ -255,14 +255,9 @@ class TrainStep:
         learning_rate = objects.learning_rate
         self.schedule = learning_rate if learning_rate.schedule is not None else None
         rule = replica_logs.convention(objects.task)
-        if replica_logs.undeclared(objects.task, strategy.num_replicas_in_sync):
-            logging.warning(
-                "%s.train_step's logs are averaged over the %d replicas; if a log is already a "
-                "share of the global batch's mean (tf.nn.compute_average_loss, a Keras 3 loss "
-                "object's result), declare %s.replica_logs = 'sum' (or {key: 'sum'}).",
-                type(objects.task).__name__, strategy.num_replicas_in_sync,
-                type(objects.task).__name__,
-            )  # fmt: skip
+        warning = replica_logs.warning(objects.task, strategy.num_replicas_in_sync)
+        if warning:
+            logging.warning("%s", warning)
         per_replica = objects.global_batch_size // strategy.num_replicas_in_sync
         self.batches = ReplicaBatches(strategy, accumulation, per_replica)
         update = ReplicaUpdate(objects, accumulation, loss_scale, nan_guard is not None)
