@@ -23,6 +23,7 @@ import tensorflow as tf
 from absl import logging
 from tensorflow.python.checkpoint import checkpoint_management as _management
 
+from orbitask.common import files
 from orbitask.trainers import compat
 from orbitask.trainers.errors import ConfigError, NoSpaceError
 from orbitask.trainers.state.checkpoint_files import scan, state_damage
@@ -67,6 +68,7 @@ class SafeCheckpointManager(tf.train.CheckpointManager):
         if number is None:
             number = int(self.checkpoint.save_counter.numpy()) + 1
         prefix = f"{compat.checkpoint_prefix(self)}-{int(number)}"
+        files.flush_appends()  # on object storage, the logs up to this checkpoint: one segment
         try:
             path = super().save(checkpoint_number, check_interval, options)
         except (tf.errors.OpError, OSError) as e:
