@@ -4,6 +4,7 @@ fresh start over checkpoints, never a checkpoint deleted or overwritten, except 
 whose step is trained again."""
 
 import hashlib
+import json
 import shutil
 
 import gin
@@ -268,11 +269,14 @@ def test_a_model_dir_deleted_while_training_is_made_again_whole(tmp_path, capsys
     said = [x for x in capsys.readouterr().out.splitlines() if "was deleted" in x]
     assert said == [
         f"orbitask: --model_dir {model} was deleted during the run at step 6; making it again: "
-        "the lock, the settings record and new summary files now, the checkpoints from the next "
-        "save on"
+        "the lock, the settings record, run.json, model_summary.txt and new summary files now, "
+        "the checkpoints from the next save on"
     ]
     assert {"orbitask.lock", "operative_config.gin", "operative_config-6.gin"} <= {
         p.name for p in model.iterdir()
     }
+    assert "# model" in (model / "model_summary.txt").read_text()
+    (entry,) = json.loads((model / "run.json").read_text())  # this start's, ended
+    assert (entry["start_step"], entry["end_step"], entry["ended"]) == (0, 12, "finished")
     assert tf.train.latest_checkpoint(str(model)).endswith("ckpt-12")
     assert 12 in _scalar_steps(model / "train") and _scalar_steps(model / "eval") == {10, 12}

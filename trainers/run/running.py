@@ -146,19 +146,21 @@ class ModeRunning:
     def _recreate_if_deleted(self) -> None:
         """After each device loop (before its summaries and saves): a model directory deleted
         during the run is said in one line and made again whole (the next save writes the
-        checkpoint): the lock, the settings record and new summary files. Eager, the chief of
-        a training run."""
+        checkpoint): the lock, the settings record, `run.json`, `model_summary.txt` and new
+        summary files. Eager, the chief of a training run."""
         if tf.io.gfile.isdir(self.model_dir):
             return
         messages.say(
             f"--model_dir {self.model_dir} was deleted during the run at step {self._step_now()}; "
-            "making it again: the lock, the settings record and new summary files now, the "
-            "checkpoints from the next save on"
+            "making it again: the lock, the settings record, run.json, model_summary.txt and new "
+            "summary files now, the checkpoints from the next save on"
         )
         tf.io.gfile.makedirs(self.model_dir)
         self.model_dir_lock.release()
         self.model_dir_lock.take(True)
         settings_record.record(self.model_dir, self._step_now(), resumed=False, lr_now=None)
+        if self.facts is not None:
+            self.facts.write_again()
         for manager in (self.summaries.train, self.summaries.eval):
             summaries.reopen(manager)
         self.callbacks.summary_writer = self.summaries.train.summary_writer()

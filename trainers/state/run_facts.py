@@ -88,11 +88,13 @@ class RunFacts:
         self.path = os.path.join(model_dir, RUN_JSON)
         self._began: tuple[float, int] | None = None
         self._batch = 0
+        self._summary: str | None = None  # model_summary.txt as written
+        self._written: list[dict] = []  # run.json as last written
 
     def start(self, model: Any, strategy: Any, global_batch_size: int, mode: str, step: int):
         """Writes the models' summary and this start's entry; returns the parameter lines."""
-        folder = os.path.dirname(self.path)
-        write_text(os.path.join(folder, SUMMARY), summary_text(model))
+        self._summary = summary_text(model)
+        write_text(os.path.join(os.path.dirname(self.path), SUMMARY), self._summary)
         self._began, self._batch = (time.perf_counter(), step), global_batch_size
         cluster = json.loads(os.environ.get("TF_CONFIG", "{}") or "{}").get("cluster", {})
         entry = {
@@ -144,8 +146,17 @@ class RunFacts:
         entries = files.read_json(self.path, [])
         return entries if isinstance(entries, list) else []
 
+    def write_again(self) -> None:
+        """Writes `model_summary.txt` and `run.json` again as they were last written, into a
+        model directory made again after it was deleted. Eager; returns None."""
+        if self._summary is not None:
+            write_text(os.path.join(os.path.dirname(self.path), SUMMARY), self._summary)
+        if self._written:
+            self._write(self._written)
+
     def _write(self, entries: list[dict]) -> None:
         write_text(self.path, json.dumps(entries, indent=1) + "\n")
+        self._written = entries
 
 
 def _peak_device_mib() -> dict[str, float] | None:
