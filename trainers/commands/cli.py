@@ -4,6 +4,7 @@
     orbitask report --model_dir=...                   # plot + summary of a run (commands.report)
     orbitask new NAME                                 # a Task file + gin file (commands.scaffold)
     orbitask launch --workers N -- TRAIN_FLAGS        # a local cluster (commands.launch)
+    orbitask sweep --gin_file=... --param ...         # an Optuna search (commands.sweep)
     orbitask export --model_dir=...                   # a SavedModel of a run (commands.export)
     orbitask verify --gin_file=...                    # 1 device == N replicas? (commands.verify)
 
@@ -34,6 +35,10 @@ COMMANDS = {
     "launch": (
         "orbitask.trainers.commands.launch",
         "run a job as a cluster of local processes (multi-worker, PS)",
+    ),
+    "sweep": (
+        "orbitask.trainers.commands.sweep",
+        "search hyperparameters with Optuna, each trial a run (pip install 'orbitask[sweep]')",
     ),
     "export": (
         "orbitask.trainers.commands.export",

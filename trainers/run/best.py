@@ -128,7 +128,13 @@ def _checkpoint(model_dir: str, step: int, control: Any, evaluated: dict | None)
     """The checkpoint of `step` (module docstring), or None."""
     if evaluated is not None:
         return evaluated.get(step)
+    return checkpoint_of(model_dir, step, exported=control is not None)
+
+
+def checkpoint_of(model_dir: str, step: int, exported: bool = True) -> str | None:
+    """`best/best_ckpt-<step>` of `model_dir` (when `exported`), else its `ckpt-<step>`, the
+    first that exists; None when neither does. Eager."""
     candidates = [os.path.join(model_dir, f"ckpt-{step}")]
-    if control is not None:
+    if exported:
         candidates.insert(0, os.path.join(model_dir, "best", f"best_ckpt-{step}"))
     return next((c for c in candidates if files.exists(c + ".index")), None)
