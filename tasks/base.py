@@ -35,7 +35,9 @@ class Task(DefaultSteps):
       optimizer_epsilon: epsilon of the default Nadam optimizer. Seed default 1e-3.
       keras_flavour: "keras" (Keras 3, `tf.keras`) or "tf_keras"; None follows the built model.
       class_weight: `{class: weight}`: each example's loss is weighted by its label's class, as
-        Keras `fit(class_weight=...)` does (integer labels, or one-hot); None: unweighted.
+        Keras `fit(class_weight=...)` does on arrays (integer labels, or one-hot; a class not
+        named weighs 1.0); None: the class attribute `class_weight` (a subclass may set it, as
+        `loss_reduction`), unweighted when that is None too.
       save_layer_draws: tf_keras dropout and noise layers draw from generators the checkpoint
         saves, seeded apart from the initial weights (a resumed run draws the uninterrupted
         run's masks); False keeps tf_keras' own stateful draws, which no checkpoint holds.
@@ -63,6 +65,9 @@ class Task(DefaultSteps):
     # the default steps then get it multiplied back (`trainers.run.loss_share`).
     loss_reduction = "sum"
 
+    # `{class: weight}`, the default of the constructor's `class_weight` (None: unweighted).
+    class_weight: dict | None = None
+
     def __init__(
         self,
         clip_norm: float | None = 10.0,
@@ -88,7 +93,10 @@ class Task(DefaultSteps):
         self.optimizer_epsilon = optimizer_epsilon
         self.keras_flavour = keras_flavour
         self.save_layer_draws = save_layer_draws
-        self.class_weight = _class_weights(class_weight)
+        where = "orbitask.Task.class_weight (the constructor's argument)"
+        if class_weight is None:
+            class_weight, where = type(self).class_weight, f"{type(self).__name__}.class_weight"
+        self.class_weight = _class_weights(class_weight, where)
         self.name = name or type(self).__name__
 
     # Builders: eager, called once by the runner inside `strategy.scope()`.
@@ -206,7 +214,7 @@ class Task(DefaultSteps):
             return None
         weights = batch[2] if isinstance(batch, (tuple, list)) and len(batch) == 3 else None
         if self.class_weight is not None:
-            by_class = tf.gather(self.class_weight, _class_ids(batch[1]))
+            by_class = _weight_of_class(self.class_weight, _class_ids(batch[1]))
             weights = by_class if weights is None else tf.cast(weights, by_class.dtype) * by_class
         return weights
 
@@ -306,8 +314,9 @@ def _is_trackable(value: Any) -> bool:
     return isinstance(value, tf.__internal__.tracking.Trackable)
 
 
-def _class_weights(class_weight: dict | None) -> tf.Tensor | None:
-    """`{class: weight}` as a float32 table indexed by class (classes not given: 1.0)."""
+def _class_weights(class_weight: dict | None, where: str) -> tf.Tensor | None:
+    """`{class: weight}` as a float32 table indexed by class, up to the largest class given
+    (those below it not given: 1.0); a mistake names `where` it was set."""
     if class_weight is None:
         return None
     if not isinstance(class_weight, dict) or not all(
@@ -316,12 +325,20 @@ def _class_weights(class_weight: dict | None) -> tf.Tensor | None:
     ):
         raise ConfigError(
             "`class_weight` must be a dict {class index (int >= 0): weight (number)}; received "
-            f"{class_weight!r}. Fix orbitask.Task.class_weight."
+            f"{class_weight!r}. Fix {where}."
         )
-    table = [1.0] * (max(class_weight, default=-1) + 1)
+    table = [1.0] * (max(class_weight, default=0) + 1)
     for k, v in class_weight.items():
         table[k] = float(v)
     return tf.constant(table, tf.float32)
+
+
+def _weight_of_class(table: tf.Tensor, ids: tf.Tensor) -> tf.Tensor:
+    """The weight of each class in `ids` (`[batch]`) from `table` (`_class_weights`); a class
+    past its end, or negative, weighs 1.0, as in Keras' `class_weight_to_sample_weights`. Traced."""
+    inside = (ids >= 0) & (ids < tf.shape(table)[0])
+    found = tf.gather(table, tf.clip_by_value(ids, 0, tf.shape(table)[0] - 1))
+    return tf.where(inside, found, tf.ones_like(found))
 
 
 def _class_ids(labels: Any) -> tf.Tensor:
