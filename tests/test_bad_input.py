@@ -159,6 +159,8 @@ BAD_VALUES = {
     "a number in (0, 1)": ["0.9", 0.0, 1.0, float("nan")],
     "True or False": ["yes", 1, None],
     setting_rules.LEARNING_RATE.expected: ["fast", -1.0, 0, float("nan"), True],
+    setting_rules.DURATION.expected: ["90", "1:30", "00:00:00", "1:75:00", 0, True],
+    setting_rules.SIGNAL_NAMES.expected: ["SIGTERM", ["SIGUSR9"], ["SIGKILL"], [15]],
 }
 TABLE = [
     (binding, value)

@@ -17,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import re
+import signal
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -59,6 +61,25 @@ LEARNING_RATE = Rule(
     lambda v: v is None or callable(v) or POSITIVE_NUMBER.accepts(v),
 )
 
+_HMS = re.compile(r"^\d+:[0-5]?\d:[0-5]?\d(\.\d+)?$")
+# A job's time limit: seconds, or "HH:MM:SS" (`trainers.actions.time_budget`).
+DURATION = Rule(
+    "a positive number of seconds, 'HH:MM:SS' or None",
+    lambda v: (
+        v is None
+        or POSITIVE_NUMBER.accepts(v)
+        or (isinstance(v, str) and bool(_HMS.match(v)) and any(c not in "0:." for c in v))
+    ),
+)
+_CATCHABLE = {s.name for s in signal.Signals} - {"SIGKILL", "SIGSTOP"}
+# Python's names of catchable signals ('SIGTERM', 'SIGUSR1', ...): those that stop a run.
+SIGNAL_NAMES = Rule(
+    "a list of signal names such as ['SIGTERM', 'SIGINT', 'SIGHUP', 'SIGUSR1']",
+    lambda v: (
+        isinstance(v, list | tuple) and all(isinstance(n, str) and n in _CATCHABLE for n in v)
+    ),
+)
+
 # None (train by `train_epochs`) is allowed; a wrong value is told "a positive integer".
 STEPS = Rule(POSITIVE_INT.expected, lambda v: v is None or POSITIVE_INT.accepts(v))
 
@@ -81,6 +102,9 @@ RULES: Mapping[str, Rule] = {
     "run_experiment.train_prefetch": POSITIVE_INT.or_none(),
     "run_experiment.train_prefetch_bytes": POSITIVE_INT.or_none(),
     "run_experiment.async_checkpoints": BOOL,
+    "run_experiment.max_time": DURATION,
+    "run_experiment.stop_signals": SIGNAL_NAMES,
+    "run_experiment.requeue": BOOL,
     "run_experiment.use_tf_while_loop": BOOL,
     "run_experiment.jit_compile": BOOL,
     "run_experiment.run_eagerly": BOOL,

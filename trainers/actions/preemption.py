@@ -1,6 +1,12 @@
 """Preemption and Ctrl-C: on SIGTERM, SIGHUP or SIGINT, stop at the next device-loop or
 evaluation boundary, save, then exit 75 (SIGTERM, SIGHUP) or 130 (SIGINT).
 
+`run_experiment.stop_signals` names the signals that stop a run (default SIGTERM, SIGINT,
+SIGHUP); any other one there (SLURM's early `--signal=USR1@90`: SIGUSR1) stops it as SIGTERM
+does. A training run's `max_time` (`actions.time_budget`) stops it the same way, exit 75, once one
+more device loop and its save would not fit; with `requeue` the chief of a SLURM job then asks
+SLURM to requeue it (`distribution.slurm.requeue`), after the save.
+
 Schedulers and spot machines send SIGTERM before killing a job; a closed terminal (an ssh session
 that drops) sends SIGHUP, which stops and saves as SIGTERM does. Python runs signal handlers only
 between device loops (the main thread is inside TensorFlow during one), so a run stops at most one
@@ -34,12 +40,29 @@ from collections.abc import Callable, Iterator
 
 from absl import logging
 
+from orbitask.trainers.actions import time_budget
 from orbitask.trainers.actions.schedule import AGREED
+from orbitask.trainers.actions.time_budget import TimeBudget
 from orbitask.trainers.errors import Interrupted, Preempted
 
-# The signals that stop a run, and `agree`'s codes (their index): the largest one wins.
+# The signals that stop a run by default, and `agree`'s codes (their index): the largest wins.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
-CODES = (None, *STOP_SIGNALS)
+MAX_TIME = "max_time"  # the code of a spent time budget: below every signal's
+
+
+def codes_of(signals) -> tuple:
+    """`agree`'s codes for `signals`: 0 none, then a spent `max_time`, the signals by number
+    and SIGINT last (Ctrl-C anywhere gives every worker 130). The same on every worker."""
+    others = sorted(s for s in signals if s != signal.SIGINT)
+    return (None, MAX_TIME, *others, *[s for s in signals if s == signal.SIGINT])
+
+
+def stop_signals(names) -> tuple[signal.Signals, ...]:
+    """The signals of `names` (`run_experiment.stop_signals`: 'SIGTERM', 'SIGUSR1', ...)."""
+    return tuple(dict.fromkeys(signal.Signals[name] for name in names))
+
+
+CODES = codes_of(STOP_SIGNALS)
 
 
 class _SignalDuringWait(BaseException):
@@ -62,10 +85,15 @@ class PreemptionWatcher:
         `Preempted`).
       stopped: `stopped(signal_name, step) -> str`, the one line said where the run does not
         train (`save` None); None: an evaluation's line.
+      budget: a training run's `TimeBudget` (`max_time`), checked after each device loop and
+        evaluation; None: none.
+      requeue: `requeue() -> str`, called after the save of a run stopped by a signal other
+        than SIGINT or by `max_time`; its sentence ends the stop's line. None: nothing.
 
     Attributes:
+      codes: `codes_of(signals)`, the values `agree` decides on.
       agree: None on one process; with several workers, a collective that returns the largest
-        of every worker's argument (0: no signal, 1: SIGTERM, 2: SIGHUP, 3: SIGINT).
+        of every worker's argument (an index of `codes`).
     """
 
     def __init__(
@@ -74,17 +102,24 @@ class PreemptionWatcher:
         save: Callable[[], str] | None = None,
         signals: tuple = STOP_SIGNALS,
         stopped: Callable[[str, int], str] | None = None,
+        budget: TimeBudget | None = None,
+        requeue: Callable[[], str] | None = None,
     ):
         self.current_step = current_step
         self.save = save
         self.signals = tuple(signals)
+        self.codes = codes_of(self.signals)
         self.stopped = stopped
-        self.received: int | None = None
+        self.budget = budget
+        self.requeue = requeue
+        self.received: int | str | None = None
+        self._signalled = False  # a signal came: the process is on its way out
         self.agree: Callable[[int], int] | None = None
         self._previous: dict = {}
         self._waiting = False
 
     def _stopping(self, signum: int) -> None:
+        self._signalled = True
         for sig in self.signals:  # the run is stopping: a repeated SIGTERM changes nothing,
             # a second Ctrl-C quits at once
             signal.signal(sig, signal.SIG_DFL if sig == signal.SIGINT else signal.SIG_IGN)
@@ -106,48 +141,65 @@ class PreemptionWatcher:
 
     def take_back(self, agree: Callable[[int], int] | None = None) -> None:
         """Installs the handlers again, over any that the strategy's start installed (TensorFlow's
-        multi-worker runtime), unless a signal came, and sets `agree`. Eager; call once the
-        strategy is built."""
+        multi-worker runtime), unless a signal came, and sets `agree` (its bound: `len(codes)`).
+        Eager; call once the strategy is built."""
         self.agree = agree
-        if self.received is None and threading.current_thread() is threading.main_thread():
+        if not self._signalled and threading.current_thread() is threading.main_thread():
             for sig in self.signals:
                 signal.signal(sig, self._handle)
 
     def __exit__(self, *exc):
-        if self.received is None:
+        if not self._signalled:
             for sig, handler in self._previous.items():
                 signal.signal(sig, handler)
         self._previous = {}
         return False
 
+    def training_starts(self, step: int) -> None:
+        """Before the first device loop (`Periodic.at_start`): the budget's first span starts."""
+        if self.budget is not None:
+            self.budget.training_starts(step)
+
     def vote(self) -> tuple[int, int]:
-        """This worker's code for the workers' agreement (`Periodic.vote`): 0 no signal, 1
-        SIGTERM, 2 SIGHUP, 3 SIGINT, and the bound 4. Eager host Python."""
-        return CODES.index(self.received), len(CODES)
+        """This worker's code for the workers' agreement (`Periodic.vote`, an index of `codes`)
+        and its bound. Eager host Python."""
+        return self._code(), len(self.codes)
+
+    def _code(self) -> int:
+        """This worker's code: its signal's, else `MAX_TIME`'s once a training run's budget is
+        spent (checked here, once per device loop and evaluation), else 0."""
+        budget = self.budget
+        if self.received is None and budget is not None and self.save is not None:
+            if budget.spent():
+                self.received = MAX_TIME
+        return self.codes.index(self.received)
 
     def __call__(self, output=None) -> None:
         """After each device loop of training and each evaluation: once a signal was received,
         on this worker or (`output[AGREED]`, the schedule's agreement on `vote`; else `agree`)
         on any, saves (where the run trains) and raises `Preempted`; else returns None."""
         code = (output or {}).get(AGREED)
-        if code is None and self.agree is not None:  # every worker, at the same point
-            code = self.agree(CODES.index(self.received))
+        if code is None:
+            own = self._code()
+            if self.agree is not None:  # every worker, at the same point
+                code = self.agree(own)
         if code is not None:  # the agreed code alone decides, the same on every worker: a
             # signal that came after this worker's vote stops them all at the next agreement
-            agreed = CODES[code]
+            agreed = self.codes[code]
             if agreed is None:
                 return
-            self._stopping(agreed)  # where another worker's signal stops this one
+            if agreed != MAX_TIME:
+                self._stopping(agreed)  # where another worker's signal stops this one
             self.received = agreed  # the same exit status on every worker
         if self.received is None:
             return
-        name, step = signal.Signals(self.received).name, self.current_step()
+        reason, step = self._reason(), self.current_step()
         stop = Interrupted if self.received == signal.SIGINT else Preempted
         if self.save is None and self.stopped is not None:
-            message = self.stopped(name, step)
+            message = self.stopped(reason.split()[0], step)
         elif self.save is None:
             message = (
-                f"{name} received: stopped after the evaluation at step {step} (evaluation "
+                f"{reason}: stopped after the evaluation at step {step} (evaluation "
                 "writes no checkpoint); run the same command again to go on evaluating."
             )
         else:
@@ -158,11 +210,19 @@ class PreemptionWatcher:
                 )
             path = self.save()
             message = (
-                f"{name} received: saved checkpoint {path} at step {step}; run the same command "
+                f"{reason}: saved checkpoint {path} at step {step}; run the same command "
                 "again to resume from it."
             )
+            if stop is Preempted and self.requeue is not None:
+                message = " ".join(filter(None, (message, self.requeue())))
         logging.info("%s", message)  # the binary prints it, once
         raise stop(message)
+
+    def _reason(self) -> str:
+        """What stopped the run: `SIGTERM received`, ..., or `max_time (H:MM:SS) reached`."""
+        if self.received == MAX_TIME:
+            return f"max_time ({time_budget.describe(self.budget.seconds)}) reached"
+        return f"{signal.Signals(self.received).name} received"
 
     @contextlib.contextmanager
     def waiting(self) -> Iterator[None]:
@@ -181,9 +241,9 @@ class PreemptionWatcher:
             finally:  # a signal before this line still raises inside the outer `try`
                 self._waiting = False
         except _SignalDuringWait:
-            name = signal.Signals(self.received).name
+            reason = self._reason()
             stop = Interrupted if self.received == signal.SIGINT else Preempted
             raise stop(
-                f"{name} received while waiting for a checkpoint newer than step "
+                f"{reason} while waiting for a checkpoint newer than step "
                 f"{self.current_step()}; run the same command again to go on evaluating."
             ) from None

@@ -108,14 +108,17 @@ def agreement(strategy: tf.distribute.Strategy) -> Callable[[list], list[int]] |
     return functools.partial(largest_each, strategy)
 
 
-def signal_agreement(strategy: tf.distribute.Strategy) -> Callable[[int], int] | None:
+def signal_agreement(
+    strategy: tf.distribute.Strategy, bound: int | None = None
+) -> Callable[[int], int] | None:
     """`PreemptionWatcher.agree` for `strategy`: with several `multi_worker_mirrored` workers,
-    the largest of every worker's code (`actions.preemption.CODES`: 0 none, then the stop
-    signals; `largest_each`); else None."""
+    the largest of every worker's code, an int in [0, bound) (`PreemptionWatcher.codes`: 0
+    none, then a spent `max_time`, then the stop signals; None: the default signals' codes,
+    `actions.preemption.CODES`; `largest_each`); else None."""
     from orbitask.trainers.actions.preemption import CODES
 
-    agree = agreement(strategy)
-    return None if agree is None else lambda code: agree([(code, len(CODES))])[0]
+    agree, bound = agreement(strategy), bound or len(CODES)
+    return None if agree is None else lambda code: agree([(code, bound)])[0]
 
 
 def largest_each(strategy: tf.distribute.Strategy, votes: Sequence[tuple[int, int]]) -> list[int]:

@@ -6,6 +6,9 @@ the cluster with TensorFlow's `SlurmClusterResolver` from `SLURM_PROCID`,
 task, task 0 the chief, ports from `ORBITASK_SLURM_PORT` (default 8888) up on each node. It is
 written into TF_CONFIG, so everything that reads the cluster reads it the same way. On nodes
 with `nvidia-smi` each task gets its share of the node's GPUs (`CUDA_VISIBLE_DEVICES`).
+
+With `run_experiment.requeue = True`, a run stopped by a stop signal or its `max_time` asks SLURM
+to requeue the job after its save (`requeue`: `scontrol requeue $SLURM_JOB_ID`, from task 0).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 
 from absl import logging
 
@@ -51,3 +55,24 @@ def use_slurm_cluster() -> bool:
     os.environ["TF_CONFIG"] = json.dumps(config)
     logging.info("TF_CONFIG from SLURM: %s", os.environ["TF_CONFIG"])
     return True
+
+
+def requeue() -> str:
+    """Asks SLURM to requeue this job (`scontrol requeue $SLURM_JOB_ID`), from task 0 alone
+    (`SLURM_PROCID` 0 or unset). Eager; returns the sentence that ends the stop's line ("" on
+    the other tasks)."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job:
+        return "Not requeued: SLURM_JOB_ID is unset (requeue acts under SLURM)."
+    if os.environ.get("SLURM_PROCID", "0") != "0":
+        return ""
+    command = f"scontrol requeue {job}"
+    try:
+        done = subprocess.run(command.split(), capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"SLURM job {job} not requeued: `{command}` failed ({e})."
+    if done.returncode != 0:
+        why = (done.stderr.strip().splitlines() or [""])[-1]
+        return f"SLURM job {job} not requeued: `{command}` exited {done.returncode}: {why}"
+    logging.info("requeued SLURM job %s", job)
+    return f"SLURM job {job} requeued (`{command}`)."

@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from orbitask.common import files
-from orbitask.trainers.actions.preemption import PreemptionWatcher
+from orbitask.trainers.actions.preemption import PreemptionWatcher, stop_signals
 from orbitask.trainers.distribution import cluster
 from orbitask.trainers.engine import user_code
 from orbitask.trainers.engine.inputs import checked_source, evaluation_dataset
@@ -48,10 +48,11 @@ def predict(
         is set), an infinite input, outputs without a leading example dimension, a folder
         holding a prediction made with other settings.
     """
-    watcher = PreemptionWatcher(lambda: 0)  # SIGTERM, Ctrl-C: stop after the next shard
+    # SIGTERM, Ctrl-C (the stop signals): stop after the next shard
+    watcher = PreemptionWatcher(lambda: 0, signals=stop_signals(settings.checkpoints.stop_signals))
     with watcher:
         strategy = _strategy(settings)
-        watcher.take_back(agree=cluster.signal_agreement(strategy))
+        watcher.take_back(agree=cluster.signal_agreement(strategy, len(watcher.codes)))
         return _predict(task, model_dir, settings, strategy, watcher, checkpoint, output_dir, fast)
 
 

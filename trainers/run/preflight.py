@@ -223,6 +223,12 @@ def trainable_variables(task: Any, model: Any) -> list:
     """
     models = model.values() if isinstance(model, dict) else [model]
     variables = [v for m in models for v in m.trainable_variables]
+    if not variables and any(m.variables for m in models):  # e.g. `model.trainable = False`
+        raise ConfigError(
+            f"the model has no trainable variables: {type(task).__name__}.build_model() returned "
+            "one whose weights are all frozen (trainable = False); leave the layers to train "
+            "trainable, or run --mode=eval or predict."
+        )
     if not variables:
         raise ConfigError(
             f"{type(task).__name__}.build_model() returned a model without trainable "

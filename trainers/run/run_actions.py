@@ -9,16 +9,32 @@ from typing import Any
 
 import tensorflow as tf
 
-from orbitask.trainers.actions import summaries
+from orbitask.trainers.actions import preemption, summaries, time_budget
 from orbitask.trainers.actions.callback_action import CallbackAction
 from orbitask.trainers.actions.preemption import PreemptionWatcher
 from orbitask.trainers.actions.profiling import Profiler
 from orbitask.trainers.actions.progress import ProgressAction
 from orbitask.trainers.actions.schedule import Periodic
 from orbitask.trainers.actions.triggers import Trigger
-from orbitask.trainers.distribution import cluster
+from orbitask.trainers.distribution import cluster, slurm
 from orbitask.trainers.features.learning_rate import LearningRate
-from orbitask.trainers.run.settings import LoopSettings
+from orbitask.trainers.run.settings import CheckpointSettings, LoopSettings
+
+
+def build_preemption(
+    checkpoints: CheckpointSettings, current_step: Callable[[], int], save: Any
+) -> PreemptionWatcher:
+    """The watcher of the run's `stop_signals` and of a training run's `max_time` (its clock
+    starts here), saving with `save` (None: the run does not train); with `requeue`, the SLURM
+    job's requeue after the stop's save (`slurm.requeue`). Eager."""
+    seconds = time_budget.seconds_of(checkpoints.max_time)
+    return PreemptionWatcher(
+        current_step,
+        save=save,
+        signals=preemption.stop_signals(checkpoints.stop_signals),
+        budget=None if seconds is None or save is None else time_budget.TimeBudget(seconds),
+        requeue=slurm.requeue if checkpoints.requeue else None,
+    )
 
 
 def build_progress(
@@ -82,7 +98,11 @@ def train_entries(
     if nan_guard is not None:
         entries.append(nan_guard)  # before the Controller's checkpoint: a rollback precedes it
     # after every entry that changes state; every worker stops at the same step (its vote)
-    entries.append(Periodic("preemption", preemption, vote=preemption.vote))
+    entries.append(
+        Periodic(
+            "preemption", preemption, vote=preemption.vote, at_start=preemption.training_starts
+        )
+    )
     if model_dir_check is not None:  # before anything writes into the model directory
         entries.append(Periodic("model_dir", lambda _: model_dir_check()))
     return entries

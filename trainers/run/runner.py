@@ -18,7 +18,6 @@ import tensorflow as tf
 from orbitask.tasks import model_garden
 from orbitask.trainers import compat
 from orbitask.trainers.actions.callback_action import CallbackAction
-from orbitask.trainers.actions.preemption import PreemptionWatcher
 from orbitask.trainers.actions.profiling import Profiler
 from orbitask.trainers.actions.progress import ProgressAction
 from orbitask.trainers.actions.schedule import Periodic
@@ -88,7 +87,7 @@ class ExperimentRunner(ModeRunning):
         self.model_dir_lock = model_dir_lock.ModelDirLock(model_dir)  # one run per directory
         # SIGTERM: a training run saves, then every mode exits 75 (installed for the whole run).
         save = self._save_for_preemption if self.training else None
-        self.preemption = PreemptionWatcher(self._step_now, save=save)
+        self.preemption = run_actions.build_preemption(settings.checkpoints, self._step_now, save)
 
     def run(self) -> dict:
         """Builds everything, then runs the mode. Eager; returns `{"train", "eval"}` logs."""
@@ -135,7 +134,8 @@ class ExperimentRunner(ModeRunning):
         ```
         """
         self.strategy = self._build_strategy()
-        self.preemption.take_back(agree=cluster.signal_agreement(self.strategy))
+        codes = len(self.preemption.codes)
+        self.preemption.take_back(agree=cluster.signal_agreement(self.strategy, codes))
         self.chief = cluster.is_chief(self.strategy)  # keeps checkpoints, summaries, config
         if self.chief:
             messages.run_start(self.strategy, self.task, self.settings, self.training)

@@ -99,6 +99,14 @@ class CheckpointSettings:
         next save, the end of the run, SIGTERM and an error wait for that write. Under
         `multi_worker_mirrored` each worker writes so (the non-chief ones into their temporary
         folders); under `parameter_server` the chief does.
+      max_time: a training run's wall-clock budget, seconds or `"HH:MM:SS"`, from the run's
+        start: it stops after the last device loop that leaves time for a save, saves and exits
+        75, as on SIGTERM (`actions.time_budget`); None: no budget.
+      stop_signals: the names of the signals that stop a run after its device loop under way,
+        saving it (exit 75; SIGINT: 130), e.g. with 'SIGUSR1' added for SLURM's
+        `--signal=USR1@90`; every worker stops at the same step (`actions.preemption`).
+      requeue: a run stopped by a signal (not SIGINT) or by `max_time` under SLURM asks SLURM
+        to requeue its job after the save (`scontrol requeue $SLURM_JOB_ID`, by the chief).
     """
 
     checkpoint_interval: int | None = None
@@ -109,6 +117,9 @@ class CheckpointSettings:
     train_prefetch: int | None = Prefetch.steps
     train_prefetch_bytes: int | None = Prefetch.max_bytes
     async_checkpoints: bool = False
+    max_time: float | str | None = None
+    stop_signals: tuple[str, ...] = ("SIGTERM", "SIGINT", "SIGHUP")
+    requeue: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
