@@ -1,13 +1,22 @@
-"""`run_experiment.loggers`: the scalars of a run in a CSV file, in MLflow (its file store), in
-W&B (offline) and in a logger of your own, each resumed as the run is; mistakes in one line."""
+"""`run_experiment.loggers`: the scalars of a run in a CSV file, in MLflow (a tracking server
+and its file store), in W&B (offline, a kill -9 included) and in a logger of your own, each
+resumed as the run is; mistakes in one line."""
 
 import csv
 import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 
 import pytest
 
 import orbitask
-from orbitask.trainers.state import loggers, metrics_file
+from orbitask.trainers.state import loggers, metrics_file, wandb_records
+from tests import faults
 from tests.helpers import DiesAt, Killed
 from tests.test_metrics_file import _run  # 12 steps: loops of 2, checkpoints and evaluations at 4
 
@@ -67,25 +76,133 @@ def test_a_killed_and_resumed_run_rewinds_the_csv_file(tmp_path):
     assert not (tmp_path / "split" / "metrics.jsonl").exists()
 
 
-@pytest.mark.slow
-def test_mlflow_gets_the_settings_once_and_a_resumed_run_goes_on_in_the_same_run(
-    tmp_path, monkeypatch
-):
+class Stops(DiesAt):
+    """Raises `error` after step `at` (a user's Ctrl-C, or a bug)."""
+
+    def __init__(self, at, error, **kwargs):
+        super().__init__(**kwargs)
+        self.stop = (at, error)
+
+    def at_step(self):
+        def stop(task, ctx):
+            raise self.stop[1]
+
+        return {self.stop[0]: stop}
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """A real `mlflow server` on an SQLite store, on a free port of 127.0.0.1: its URL."""
+    folder = tmp_path_factory.mktemp("mlflow")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [os.path.join(os.path.dirname(sys.executable), "mlflow"), "server", "--host",
+               "127.0.0.1", "--port", str(port), "--workers", "1",
+               "--backend-store-uri", f"sqlite:///{folder}/mlflow.db",
+               "--default-artifact-root", str(folder / "artifacts")]  # fmt: skip
+    log = open(folder / "server.log", "w")  # noqa: SIM115 -- closed below
+    server = subprocess.Popen(command, stdout=log, stderr=log, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2):
+                break
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError((folder / "server.log").read_text()[-3000:]) from None
+            time.sleep(0.2)
+    yield url
+    os.killpg(server.pid, signal.SIGKILL)  # the server and the workers it started
+    server.wait(timeout=30)
+    log.close()
+
+
+@pytest.mark.slow  # a tracking server
+def test_mlflow_logs_to_a_tracking_server_and_records_each_runs_end(mlflow_server, tmp_path,
+                                                                    monkeypatch):  # fmt: skip
+    """Over HTTP to `mlflow server`, read back through MlflowClient: the settings, every
+    point, and the end of each start (FINISHED, then KILLED by a Ctrl-C, then FAILED)."""
     from mlflow.tracking import MlflowClient
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow's file store, as it is
-    model_dir = tmp_path / "run"
-    _run(DiesAt(), model_dir, train_steps=8, loggers=["tensorboard", "mlflow"])
-    _run(DiesAt(), model_dir, train_steps=12, loggers=["tensorboard", "mlflow"])
-    run_id = (model_dir / "mlflow_run_id").read_text().strip()
-    client = MlflowClient()
-    (run,) = client.search_runs([client.get_experiment_by_name("orbitask").experiment_id])
-    assert run.info.run_id == run_id
-    assert run.data.params["global_batch_size"] == "8"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    both = ["tensorboard", "mlflow"]
+    client = MlflowClient(mlflow_server)
+    _run(DiesAt(), tmp_path, train_steps=4, loggers=both)
+    run_id = (tmp_path / "mlflow_run_id").read_text().strip()
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.params["global_batch_size"] == "8"
+    with pytest.raises(KeyboardInterrupt):
+        _run(Stops(6, KeyboardInterrupt()), tmp_path, train_steps=8, loggers=both)
+    assert client.get_run(run_id).info.status == "KILLED"
+    with pytest.raises(ValueError, match="a bug"):
+        _run(Stops(10, ValueError("a bug")), tmp_path, train_steps=12, loggers=both)
+    assert client.get_run(run_id).info.status == "FAILED"
     history = client.get_metric_history(run_id, "train/loss")
-    assert sorted({m.step for m in history}) == [2, 4, 6, 8, 10, 12]
-    assert [m.step for m in client.get_metric_history(run_id, "eval/loss")] == [4, 8, 12]
+    assert sorted({m.step for m in history}) == [2, 4, 6, 8]  # (the bug ended step 10's loop)
+    assert sorted({m.step for m in client.get_metric_history(run_id, "eval/loss")}) == [4, 8]
+    experiment = client.get_experiment_by_name("orbitask").experiment_id
+    assert [r.info.run_id for r in client.search_runs([experiment])] == [run_id]  # one run
+
+
+def test_mlflow_without_a_store_it_can_open_is_refused_before_step_1_in_one_line(
+    tmp_path, monkeypatch
+):
+    """MLflow 3 opens a file store only with MLFLOW_ALLOW_FILE_STORE=true (mlflow-skinny, the
+    `mlflow` extra, opens no SQLite store either): one line says what to set."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    with pytest.raises(orbitask.ConfigError) as refused:
+        _run(DiesAt(), tmp_path / "run", loggers=["tensorboard", "mlflow"])
+    message = str(refused.value).splitlines()[0]  # (gin adds a line naming run_experiment)
+    assert message.startswith("the logger 'mlflow' cannot open"), message
+    assert "MLFLOW_ALLOW_FILE_STORE=true" in message and "set MLFLOW_TRACKING_URI" in message
+    assert not list((tmp_path / "run").glob("ckpt-*"))
+    assert not metrics_file.read(str(tmp_path / "run" / "metrics.jsonl"))
+
+
+def test_a_built_in_logger_that_cannot_start_is_named_in_one_line(tmp_path, monkeypatch):
+    """W&B online without a key (no network here either): the run stops before step 1."""
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.setenv("WANDB_API_KEY", "")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_INIT_TIMEOUT", "5")
+    with pytest.raises(orbitask.ConfigError) as refused:
+        _run(DiesAt(), tmp_path, loggers=["tensorboard", "wandb"])
+    message = str(refused.value).splitlines()[0]  # (gin adds a line naming run_experiment)
+    assert message.startswith("the logger 'wandb' cannot start: "), message
+    assert message.endswith("(or remove 'wandb' from orbitask.run_experiment.loggers)")
+    assert not list(tmp_path.glob("ckpt-*"))
+
+
+@pytest.mark.slow  # the binary, killed
+def test_wandb_offline_keeps_every_step_after_a_kill_9_and_a_resume(tmp_path, monkeypatch):
+    """Killed (kill -9) after step 50, its checkpoint at 40: W&B's offline files, read back,
+    hold every row of metrics.jsonl once (the killed process's file lost its rows)."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    extra = ["orbitask.run_experiment.loggers = ['tensorboard', 'jsonl', 'wandb']",
+             "orbitask.run_experiment.steps_per_loop = 10",
+             "orbitask.run_experiment.loop_seconds = None"]  # fmt: skip
+    cmd = faults.command(tmp_path, steps=60, extra=extra)
+    proc, out = faults.kill_after_line(cmd, random.Random(0), steps=(50,))
+    assert proc.returncode == -signal.SIGKILL, out
+    done = faults.run(cmd)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_id = (tmp_path / "wandb_run_id").read_text().strip()
+    logged = {}  # step -> the history row W&B holds there, from every process's file
+    for path in wandb_records.run_files(str(tmp_path), run_id):
+        for row in wandb_records.history(path):
+            assert row["_step"] not in logged, row  # each step once
+            logged[row["_step"]] = row
+    rows = metrics_file.read(str(tmp_path / "metrics.jsonl"))
+    assert max(r["step"] for r in rows) == 60 and len(rows) >= 6
+    for row in rows:
+        held = logged[row["step"]]
+        for name, value in row.items():
+            if name not in ("step", "split"):
+                assert held[f"{row['split']}/{name}"] == pytest.approx(value), (row, held)
 
 
 @pytest.mark.slow

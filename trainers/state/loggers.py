@@ -11,9 +11,12 @@ the learning rate) also goes to each logger, keyed by step and split (`"train"`,
   final evaluations;
 - `'jsonl'`: `<model_dir>/metrics.jsonl` (`metrics_file`);
 - `'csv'`: `<model_dir>/metrics.csv`, one row a value: `step,split,name,value`;
-- `'mlflow'`: an MLflow run (where MLflow's own `MLFLOW_TRACKING_URI` says), its id
-  kept in `<model_dir>/mlflow_run_id` so that a resumed run goes on in it; the run's settings
-  as its params. `pip install 'orbitask[mlflow]'`.
+- `'mlflow'`: an MLflow run (where MLflow's own `MLFLOW_TRACKING_URI` says: a tracking server,
+  `http://HOST:5000`), its id kept in `<model_dir>/mlflow_run_id` so that a resumed run goes on
+  in it; the run's settings as its params; its end recorded as FINISHED, FAILED or KILLED
+  (SIGTERM, Ctrl-C). `pip install 'orbitask[mlflow]'` installs MLflow's client alone
+  (`mlflow-skinny`), which cannot open MLflow's default store (SQLite): without
+  `MLFLOW_TRACKING_URI` the run is refused before step 1 in one line.
 - `'wandb'`: a W&B run (W&B's own settings; `WANDB_MODE=offline` works without a network),
   resumed by its id in `<model_dir>/wandb_run_id`; the settings as its config.
   `pip install 'orbitask[wandb]'`.
@@ -21,7 +24,11 @@ the learning rate) also goes to each logger, keyed by step and split (`"train"`,
 
 A training run resumed from a checkpoint rewinds the files to it (`rewind`), so that after a
 kill -9 they hold each split and step once. MLflow and W&B keep the points a killed run wrote
-past its checkpoint; the resumed run writes those steps again. Evaluation modes append to
+past its checkpoint; the resumed run writes those steps again. A process killed with kill -9
+loses what W&B had not yet written: a resumed run first logs the rows of `metrics.jsonl` (with
+the `'jsonl'` logger) up to its checkpoint that W&B's record lacks (its offline files,
+`wandb_records`, and the steps its server holds). A built-in logger that cannot start stops the
+run before step 1 in one line naming it. Evaluation modes append to
 `eval/metrics.jsonl` (and `eval/metrics.csv`) of their output folder only.
 """
 
@@ -35,9 +42,12 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from absl import logging
+
 from orbitask.common import files
+from orbitask.common.errors import one_line
 from orbitask.trainers.errors import ConfigError
-from orbitask.trainers.state import metrics_file
+from orbitask.trainers.state import metrics_file, wandb_records
 
 BUILT_IN = ("tensorboard", "jsonl", "csv", "mlflow", "wandb")
 _EXTRAS = {"mlflow": "mlflow", "wandb": "wandb"}
@@ -61,9 +71,16 @@ class Logger:
         """A start from a checkpoint (any start, before `start`): drop what was written past
         these steps, if you can. Eager; returns None."""
 
+    def end(self, status: str) -> None:
+        """Once, when training ends: `status` is "FINISHED" (the last step, or an early stop),
+        "KILLED" (SIGTERM, Ctrl-C) or "FAILED" (an error). Not called after kill -9. Eager;
+        returns None."""
+
 
 class JsonlLogger(Logger):
     """`<folder>/metrics.jsonl` (`metrics_file.MetricsFile`); `buffered` as there."""
+
+    name = "jsonl"
 
     def __init__(self, folder: str, buffered: bool = True):
         self.file = metrics_file.MetricsFile(folder, buffered)
@@ -79,6 +96,8 @@ class CsvLogger(Logger):
     """`<folder>/metrics.csv`: a header `step,split,name,value`, then one row a value. On
     object storage in segments as `metrics.jsonl` (`files.Appender`, `buffered` as there):
     `pandas.read_csv(io.StringIO(files.read_appended(path)))` reads them as one."""
+
+    name = "csv"
 
     def __init__(self, folder: str, buffered: bool = True):
         self.path = os.path.join(folder, "metrics.csv")
@@ -115,13 +134,15 @@ def _kept(row: list, train_step: int, eval_step: int) -> bool:
 class MlflowLogger(Logger):
     """An MLflow run through `MlflowClient` (no global active run); resumed by its saved id."""
 
-    def start(self, model_dir: str, params: Mapping[str, Any], step: int, resumed: bool) -> None:
-        from mlflow.tracking import MlflowClient
+    name = "mlflow"
 
-        self.client = MlflowClient()
+    def start(self, model_dir: str, params: Mapping[str, Any], step: int, resumed: bool) -> None:
+        self.client = _mlflow_client()
         id_file = os.path.join(model_dir, "mlflow_run_id")
         self.run_id = _read(id_file)
-        if self.run_id is None:
+        if self.run_id is not None:
+            self.client.update_run(self.run_id, status="RUNNING")
+        else:
             name = _name(model_dir)
             experiment = self.client.get_experiment_by_name("orbitask")
             experiment_id = (
@@ -138,9 +159,46 @@ class MlflowLogger(Logger):
         for name, value in scalars.items():
             self.client.log_metric(self.run_id, f"{split}/{name}", value, step=int(step))
 
+    def end(self, status: str) -> None:
+        self.client.set_terminated(self.run_id, status)
+
+
+def _mlflow_client() -> Any:
+    """An `MlflowClient` of the tracking store MLflow's settings name, its store reached.
+
+    Raises:
+      ConfigError: when MLflow cannot open that store (one line: what to set).
+    """
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    uri = mlflow.get_tracking_uri()
+    try:
+        client = MlflowClient(uri)
+        client.search_experiments(max_results=1)
+    except Exception as e:  # noqa: BLE001 -- MLflow's errors vary by store and version
+        hint = ""
+        if "MLFLOW_ALLOW_FILE_STORE" in str(e):
+            hint = "MLflow 3 opens a file store only with MLFLOW_ALLOW_FILE_STORE=true; "
+        elif uri.startswith(("sqlite:", "postgresql", "mysql", "mssql")):
+            hint = f"{uri.partition(':')[0]} stores need the full package (pip install mlflow); "
+        raise ConfigError(
+            f"the logger 'mlflow' cannot open MLflow's tracking store {uri!r}: {hint}set "
+            "MLFLOW_TRACKING_URI to your tracking server (http://HOST:5000) or remove 'mlflow' "
+            f"from orbitask.run_experiment.loggers ({one_line(e, 100)})"
+        ) from e
+    return client
+
 
 class WandbLogger(Logger):
-    """A W&B run, resumed by its saved id (`resume="allow"`)."""
+    """A W&B run, resumed by its saved id (`resume="allow"`); a resumed run first logs the
+    rows of `metrics.jsonl` up to its checkpoint that W&B's record lacks (module docstring)."""
+
+    name = "wandb"
+    kept: tuple[int, int] | None = None  # the checkpoint's train and eval steps (`rewind`)
+
+    def rewind(self, train_step: int, eval_step: int) -> None:
+        self.kept = (train_step, eval_step)
 
     def start(self, model_dir: str, params: Mapping[str, Any], step: int, resumed: bool) -> None:
         import wandb
@@ -153,9 +211,16 @@ class WandbLogger(Logger):
             id=run_id, name=name, dir=model_dir, config=dict(params), resume="allow",
             reinit="finish_previous",
         )  # fmt: skip
+        if resumed and self.kept is not None:
+            last = self.run.summary.get("_step")  # the last step W&B's server holds, if any
+            for step, split, values in wandb_records.missing(model_dir, run_id, self.kept, last):
+                self.write(step, split, values)
 
     def write(self, step: int, split: str, scalars: Mapping[str, float]) -> None:
         self.run.log({f"{split}/{name}": value for name, value in scalars.items()}, step=step)
+
+    def end(self, status: str) -> None:
+        self.run.finish(exit_code=0 if status == "FINISHED" else 1)
 
 
 class TensorBoardHParams(Logger):
@@ -164,6 +229,8 @@ class TensorBoardHParams(Logger):
     `eval/` as the run's metrics (the final evaluation's, for eval ones). It shows a run's
     first hparams only, so each start replaces the file: a resumed run shows its own settings
     (each start's are kept in `operative_config-<step>.gin`)."""
+
+    name = "tensorboard"
 
     def start(self, model_dir: str, params: Mapping[str, Any], step: int, resumed: bool) -> None:
         import tensorflow as tf
@@ -185,10 +252,37 @@ class Records:
 
     def start(self, step: int, resumed: bool, train_step: int, eval_step: int) -> None:
         """A training start: each logger rewound to the checkpoint's steps (a fresh run's: 0),
-        then started. Eager; returns None."""
+        then started. Eager; returns None.
+
+        Raises:
+          ConfigError: for a built-in logger that cannot start (naming it); a logger of your
+            own raises what it raises.
+        """
         for logger in self.loggers:
             logger.rewind(train_step, eval_step)
-            logger.start(self.model_dir, self.params, step, resumed)
+            try:
+                logger.start(self.model_dir, self.params, step, resumed)
+            except Exception as e:
+                if isinstance(e, ConfigError) or type(logger) not in _BUILT_CLASSES:
+                    raise
+                raise ConfigError(
+                    f"the logger {logger.name!r} cannot start: {one_line(e, 300)} (or remove "
+                    f"{logger.name!r} from orbitask.run_experiment.loggers)"
+                ) from e
+
+    def end(self, ended: str) -> None:
+        """Training ended (`ended`: "finished", or the name of the exception that stopped it):
+        each logger's `end` with its status. A logger that fails there is logged, never raised
+        over the run's own end. Eager; returns None."""
+        status = "FINISHED" if ended in ("finished", "EarlyStop") else "FAILED"
+        if ended in ("Preempted", "KeyboardInterrupt"):
+            status = "KILLED"
+        for logger in self.loggers:
+            try:
+                logger.end(status)
+            except Exception as e:  # noqa: BLE001 -- the run's own outcome stands
+                name = getattr(logger, "name", type(logger).__name__)
+                logging.warning("the logger %s could not record the run's end: %s", name, e)
 
     def write(self, step: int, split: str, logs: Mapping[str, Any]) -> None:
         """The scalars of `logs` (none: nothing written) to every logger."""
@@ -203,6 +297,9 @@ class Records:
         for name, one in logs.items():
             if isinstance(one, Mapping):
                 self.write(step, f"eval/{name}", one)
+
+
+_BUILT_CLASSES = (JsonlLogger, CsvLogger, MlflowLogger, WandbLogger, TensorBoardHParams)
 
 
 def build(loggers: Any, folder: str, training: bool) -> list[Logger]:
