@@ -85,7 +85,19 @@ class MissingFile(TinyTask):
         return ds.batch(per_replica_batch_size, drop_remainder=True).repeat()
 
 
+class FrozenModel(TinyTask):
+    def build_model(self):
+        model = super().build_model()
+        model.trainable = False
+        return model
+
+
 CASES = [
+    (
+        FrozenModel,
+        r"^the model has no trainable variables: FrozenModel.build_model\(\) returned one whose "
+        r"weights are all frozen \(trainable = False\)",
+    ),
     (
         FunctionModel,
         r"^FunctionModel.build_model\(\) returned <function .*> of type function, which is not a "
@@ -330,3 +342,23 @@ def test_a_bad_validation_batch_is_refused_before_the_first_step(tmp_path, kind,
     assert line.startswith("the first batch of BadValidation.build_inputs(training=False)"), line
     assert re.search(message, line), line
     assert not list(tmp_path.glob("ckpt-*"))
+
+
+def test_a_batch_larger_than_the_data_is_said_in_one_line(tmp_path, capsys):
+    """32 examples a step over 12 repeated examples: each step sees each one 2.7 times; the
+    same run over 96 examples says nothing."""
+    _run(TinyTask(n=12), tmp_path / "small", train_steps=1, global_batch_size=32)
+    said = [x for x in capsys.readouterr().out.splitlines() if "is larger than" in x]
+    assert said == [
+        "orbitask: warning: a step's batch of 32 examples is larger than the 12 examples of "
+        "TinyTask.build_inputs(training=True), so each step repeats each example 2.7 times; "
+        "lower orbitask.run_experiment.global_batch_size, or check the data."
+    ]
+    from orbitask.trainers.engine import epochs
+
+    enough = TinyTask()  # 96 examples
+    assert epochs.examples_per_pass(enough.build_inputs(32)) == 96
+    epochs.say_if_batch_exceeds_data(enough, enough.build_inputs(32), 32)
+    assert capsys.readouterr().out == ""
+    batched_first = enough.build_inputs(32, training=False).repeat()  # elements are batches
+    assert epochs.examples_per_pass(batched_first) is None

@@ -20,6 +20,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from orbitask.trainers import data_compat
 from orbitask.trainers.errors import ConfigError
 from orbitask.trainers.state.input_position import EpochLength
 
@@ -52,6 +53,48 @@ def epoch_length(task: Any, dataset: tf.data.Dataset, slots: int) -> EpochLength
     if slots > 1 and partial_elements(dataset.element_spec):
         return EpochLength(fractions.Fraction(-(-batches // slots)))
     return EpochLength(fractions.Fraction(batches, slots))
+
+
+def examples_per_pass(dataset: tf.data.Dataset) -> int | None:
+    """The examples in one pass over the data that `dataset` batches after repeating it (as
+    `from_tensor_slices(...).repeat().batch(b)`): the size TensorFlow knows of the first finite
+    dataset down its chain of inputs, where those elements are single examples (one dimension
+    fewer than a batch). None where the chain branches, no such size is known, or the elements
+    are batches. Eager; reads only cardinalities and element specs."""
+    top = tf.nest.flatten(dataset.element_spec)
+    current = dataset
+    while int(current.cardinality()) == tf.data.INFINITE_CARDINALITY:
+        inputs = data_compat.dataset_inputs(current)
+        if len(inputs) != 1:
+            return None
+        current = inputs[0]
+    size, leaves = int(current.cardinality()), tf.nest.flatten(current.element_spec)
+    if current is dataset or size < 0 or len(leaves) != len(top):
+        return None
+    pairs = zip(leaves, top, strict=True)
+    unknown = tf.TensorShape(None)
+    ranks = [
+        (getattr(a, "shape", unknown).rank, getattr(b, "shape", unknown).rank) for a, b in pairs
+    ]
+    if any(a is None or b is None for a, b in ranks):
+        return None
+    return size if all(a == b - 1 for a, b in ranks) else None
+
+
+def say_if_batch_exceeds_data(task: Any, dataset: tf.data.Dataset, batch: int) -> None:
+    """Says in one line when a step's `batch` (this input pipeline's examples a step) holds more
+    examples than one pass over the repeated data of `dataset` (`examples_per_pass`): each
+    example then comes several times in every step. Eager; returns None."""
+    examples = examples_per_pass(dataset)
+    if examples is None or batch <= examples:
+        return
+    print(
+        f"orbitask: warning: a step's batch of {batch:,} examples is larger than the "
+        f"{examples:,} examples of {type(task).__name__}.build_inputs(training=True), so each "
+        f"step repeats each example {batch / examples:.1f} times; lower "
+        "orbitask.run_experiment.global_batch_size, or check the data.",
+        flush=True,
+    )
 
 
 def partial_elements(spec: Any) -> bool:

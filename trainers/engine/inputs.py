@@ -32,7 +32,7 @@ from orbitask.tasks import model_garden
 from orbitask.tasks.indexed_input import IndexedInput
 from orbitask.trainers import compat
 from orbitask.trainers.distribution.cluster import is_parameter_server, num_ps_workers
-from orbitask.trainers.engine.epochs import epoch_length
+from orbitask.trainers.engine.epochs import epoch_length, say_if_batch_exceeds_data
 from orbitask.trainers.engine.prefetch import DEFAULT_PREFETCH, Prefetch, bound_train_prefetch
 from orbitask.trainers.errors import ConfigError
 from orbitask.trainers.state import random_state
@@ -144,6 +144,7 @@ def train_input(
     if pipelines > 1:
         warn_if_unsharded(task, per_replica, context)
     unsaved = unsaved_draws_options(task, source)
+    say_if_batch_exceeds_data(task, source, per_replica * local * accumulation)
     length = epoch_length(task, source, local * accumulation) if by_epochs else None
 
     def rebuild(dataset=None):
