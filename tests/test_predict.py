@@ -2,8 +2,10 @@
 with a partial last batch, written in shards; killed with SIGKILL and rerun, every example
 once, equal to an uninterrupted prediction and to the model applied directly."""
 
+import json
 import os
 import random
+import shutil
 import signal
 import sys
 import time
@@ -18,6 +20,7 @@ from orbitask import DigitsClassification, run_experiment
 from orbitask.trainers.errors import ConfigError
 from orbitask.trainers.state import predictions
 from tests import faults, launching
+from tests.helpers import TinyTask
 
 SETTINGS = dict(global_batch_size=16, progress=False, steps_per_loop=5, train_steps=None)
 
@@ -134,6 +137,49 @@ def test_shards_join_in_step_order_and_a_half_written_one_is_dropped(tmp_path):
     np.testing.assert_array_equal(first["a"], [0, 10, 20, 30, 40])
     np.testing.assert_array_equal(second, [0, -1, -2, -3, -4])
     assert os.listdir(folder).count("worker-000-from-000000005.tmp99.npz") == 0
+
+
+WORKERS = {"worker": ["localhost:1", "localhost:2"]}
+
+
+def test_a_rerun_goes_on_after_the_steps_every_worker_covers_with_the_same_batch_size(
+    tmp_path, monkeypatch, capsys
+):
+    """Each worker of a 2-worker job (TF_CONFIG; one device each, so each predicts the whole
+    input: 12 batches) reruns from the steps that every worker's shards cover, 2 here although
+    worker 0 wrote 6: the workers' steps run together. A rerun with another global batch size
+    is refused before any step (its batches would not be the shards' steps)."""
+    model_dir, out = tmp_path / "run", tmp_path / "out"
+    task = TinyTask()
+    run_experiment(task, str(model_dir), mode="train", train_steps=2, global_batch_size=8,
+                   progress=False, strategy="one_device")  # fmt: skip
+    model = task.build_model()
+    tf.train.Checkpoint(train_model=model).restore(
+        tf.train.latest_checkpoint(str(model_dir))
+    ).expect_partial()
+    expected = model(task.x, training=False).numpy()
+
+    def predict(worker, batch=8):
+        job = {"cluster": WORKERS, "task": {"type": "worker", "index": worker}}
+        monkeypatch.setenv("TF_CONFIG", json.dumps(job))
+        done = run_experiment(TinyTask(), str(model_dir), mode="predict", output_dir=str(out),
+                              strategy="one_device", **{**SETTINGS, "global_batch_size": batch,
+                                                        "steps_per_loop": 2})  # fmt: skip
+        return done["predict"]["examples"]
+
+    assert predict(0) == 96  # all of worker 0's shards; worker 1 wrote only its first
+    folder = out / "predictions"
+    os.remove(folder / "worker-000-done.json")
+    shutil.copy(folder / "worker-000-from-000000000.npz", folder / "worker-001-from-000000000.npz")
+    before = sorted(os.listdir(folder))
+    with pytest.raises(ConfigError, match=r"other settings \(global_batch_size 8 -> 4\)"):
+        predict(0, batch=4)
+    assert sorted(os.listdir(folder)) == before
+    capsys.readouterr()
+    assert [predict(0), predict(1)] == [80, 80]
+    assert capsys.readouterr().out.count("after the 2 batches a run before wrote") == 2
+    got = orbitask.read_predictions(str(out))
+    np.testing.assert_allclose(got, np.concatenate([expected, expected]), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.slow  # the trained fixture

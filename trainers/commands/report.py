@@ -187,45 +187,34 @@ def best(run: Run, metric: str) -> tuple[float, int]:
     return float(values[index]), int(steps[index])
 
 
-def console_rate(steps, rates) -> tuple:
-    """The steps/s the progress line shows at each train summary point after the first: the
-    steps since the first point over the time they took (each interval's steps over its
-    `steps_per_second`), not each interval's own rate. Eager; returns `(steps, rates)`."""
-    steps, rates = np.asarray(steps, float), np.asarray(rates, float)
-    if len(steps) < 2:
-        return steps, rates
-    gaps = np.diff(steps)
-    seconds = gaps / np.where(rates[1:] > 0, rates[1:], np.nan)
-    return steps[1:], np.cumsum(gaps) / np.nancumsum(seconds)
-
-
-def plot(run: Run, path: str, title: str = "") -> None:
-    """Writes a 2x2 PNG (1000x700 px): losses, eval metrics, learning rate, steps/s (as the
-    progress line shows it, `console_rate`). Eager.
-
-    Eval summaries whose name says loss or error go with the losses; the others are metrics.
-    """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(10, 7), dpi=100, layout="constrained")
-    FigureCanvasAgg(figure)
-    axes = figure.subplots(2, 2).ravel()
+def panels(run: Run) -> list[tuple[str, list[tuple[str, Series, str]]]]:
+    """The PNG's four panels: `(title, [(label, series, tag), ...])`: losses, eval metrics,
+    learning rate, and steps/s as the run wrote it, every point (the progress line's figure,
+    `actions.step_rate`). Eval summaries whose name says loss or error go with the losses; the
+    others are metrics."""
     tags = sorted(run.eval)
     eval_losses = [(f"eval {t}", run.eval, t) for t in tags if t != "loss" and minimised(t)]
     train_losses = [(f"train {t}", run.train, t) for t in _train_losses(run) if t != "loss"]
-    rate = run.train.get("steps_per_second")
-    speed = {"steps_per_second": console_rate(*rate)} if rate is not None else {}
-    panels = [
+    return [
         (
             "loss",
             [("train", run.train, "loss"), ("eval", run.eval, "loss"), *train_losses, *eval_losses],
         ),
         ("eval metrics", [(t, run.eval, t) for t in tags if not minimised(t)]),
         ("learning rate", [("train", run.train, "learning_rate")]),
-        ("steps/s", [("train", speed, "steps_per_second")]),
+        ("steps/s", [("train", run.train, "steps_per_second")]),
     ]
-    for ax, (name, lines) in zip(axes, panels, strict=True):
+
+
+def plot(run: Run, path: str, title: str = "") -> None:
+    """Writes a 2x2 PNG (1000x700 px) of the run's `panels`. Eager."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(10, 7), dpi=100, layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(2, 2).ravel()
+    for ax, (name, lines) in zip(axes, panels(run), strict=True):
         drawn = 0
         for label, series, tag in lines:
             if tag in series:

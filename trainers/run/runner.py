@@ -334,6 +334,7 @@ class ExperimentRunner(ModeRunning):
             evaluator=self.trainer if self.evaluating else None,
             strategy=self.strategy,
             periodic=self._build_train_entries(),
+            step_rate=self.progress.rate if self.progress else None,  # one steps/s for both
             eval_actions=self._build_eval_actions(),
             steps_per_loop=self.loop_length.steps_from,
             # None: no restore of the newest checkpoint; `_evaluate_saved` restores each one.
