@@ -188,6 +188,7 @@ def write_text(path: str, text: str | bytes) -> None:
         tf.io.gfile.makedirs(folder)
     mode = "wb" if isinstance(text, bytes) else "w"
     if not is_local(path):
+        before_rewrite(path)
         with tf.io.gfile.GFile(path, mode) as f:
             f.write(text)
         return
@@ -199,6 +200,13 @@ def write_text(path: str, text: str | bytes) -> None:
     finally:
         if tf.io.gfile.exists(temporary):
             tf.io.gfile.remove(temporary)
+
+
+def before_rewrite(path: str) -> None:
+    """Removes `path` on `ram://`, whose files opened for writing keep their old bytes (TensorFlow
+    2.20's in-memory file system appends there, where `gs://` and the local disk start anew)."""
+    if scheme(path) == "ram":
+        remove(path)
 
 
 def read_json(path: str, default: Any = None) -> Any:

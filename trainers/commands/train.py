@@ -57,14 +57,34 @@ def config_root() -> str:
 
 
 def _resolved(path: str, root: str) -> str:
-    """`path` of a --gin_file: relative to the working directory, else to the repository."""
+    """`path` of a --gin_file: relative to the working directory, else to the repository; a
+    path with a scheme (a model directory's `gs://.../operative_config.gin`) as it is."""
+    from orbitask.common import files
     from orbitask.trainers.errors import ConfigError
 
+    if files.scheme(path):
+        if not files.exists(path):
+            raise ConfigError(f"--gin_file {path!r} does not exist.")
+        _gin_reads_gfile()
+        return path
     if os.path.isfile(path):
         return path
     if not os.path.isfile(os.path.join(root, path)):
         raise ConfigError(f"--gin_file {path!r} does not exist.")
     return os.path.join(root, path)
+
+
+_gfile_reader: list[bool] = []  # registered with gin once
+
+
+def _gin_reads_gfile() -> None:
+    """Lets gin read .gin files with a scheme through `tf.io.gfile` (what `gin.tf` does)."""
+    import gin
+    import tensorflow as tf
+
+    if not _gfile_reader:
+        gin.config.register_file_reader(tf.io.gfile.GFile, tf.io.gfile.exists)
+        _gfile_reader.append(True)
 
 
 def parse_gin(gin_files: list[str], gin_params: list[str], untrusted: str | None = None) -> None:
@@ -94,7 +114,8 @@ def parse_gin(gin_files: list[str], gin_params: list[str], untrusted: str | None
     compat.gin_search_first([os.getcwd(), root])
     gin_files = [_resolved(path, root) for path in gin_files]
     # A gin `import my_task` finds my_task.py in the working directory or next to the .gin file.
-    for folder in (os.getcwd(), *(os.path.dirname(os.path.abspath(p)) for p in gin_files)):
+    local = [p for p in gin_files if "://" not in p]  # a module beside a .gin file on a disk
+    for folder in (os.getcwd(), *(os.path.dirname(os.path.abspath(p)) for p in local)):
         if untrusted is not None and _inside(folder, untrusted):
             continue
         if folder not in sys.path:
@@ -158,6 +179,8 @@ def _check_macros(bound: set[str], used: set[str]) -> None:
 
 
 def _inside(folder: str, root: str) -> bool:
+    if "://" in root:
+        return False  # no local folder is inside a bucket
     folder, root = os.path.realpath(folder), os.path.realpath(root)
     return os.path.commonpath([folder, root]) == root
 

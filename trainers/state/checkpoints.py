@@ -69,6 +69,7 @@ class SafeCheckpointManager(tf.train.CheckpointManager):
             number = int(self.checkpoint.save_counter.numpy()) + 1
         prefix = f"{compat.checkpoint_prefix(self)}-{int(number)}"
         files.flush_appends()  # on object storage, the logs up to this checkpoint: one segment
+        files.before_rewrite(f"{prefix}.index")  # the same step saved again (its evaluation)
         try:
             path = super().save(checkpoint_number, check_interval, options)
         except (tf.errors.OpError, OSError) as e:
