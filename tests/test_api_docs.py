@@ -124,3 +124,53 @@ def test_every_dotted_path_and_file_named_in_docs_and_code_exists():
             if not PLACEHOLDER.search(m) and not (ROOT / m).exists()
         ]
     assert not broken, "names of places that do not exist:\n" + "\n".join(sorted(set(broken)))
+
+
+# A gin binding `orbitask.<configurable>.<parameter>` (not a module path, not a call), and the
+# `.<parameter>` shorthands that follow one in a list (`orbitask.Task.clip_norm`, `.seed`).
+BINDING = re.compile(
+    r"(?<![\w./-])orbitask\.(?!(?:tasks|trainers|common|configs|experiments|lazy)\b)"
+    r"([A-Za-z_]\w*)\.([A-Za-z_]\w*)\b(?![.(])"
+)
+SHORTHAND = re.compile(r"`\.([a-z_]\w*)`")
+REFERENCE = re.compile(r"@orbitask\.([A-Za-z_]\w*)\(")  # `= @orbitask.NanGuard()`, `.patience`
+
+
+def _bindings(text: str) -> set[str]:
+    """The gin bindings a page names: each `orbitask.X.y`, and each `.z` after one on its line
+    (as `orbitask.X.z`, X the last configurable bound or referenced there)."""
+    found = set()
+    either = "|".join(p.pattern for p in (BINDING, SHORTHAND, REFERENCE))
+    for line in text.splitlines():
+        last = None
+        for match in re.finditer(either, line):
+            configurable, parameter, short, referenced = match.groups()
+            if configurable is not None:
+                last = configurable
+                found.add(f"orbitask.{configurable}.{parameter}")
+            elif referenced is not None:
+                last = referenced
+            elif last is not None:
+                found.add(f"orbitask.{last}.{short}")
+    return found
+
+
+def test_every_gin_binding_named_in_the_docs_exists():
+    """Each binding README.md and docs/ name is a parameter of a configurable gin knows (gin
+    refuses to bind an unknown configurable or parameter)."""
+    import gin
+
+    import orbitask
+
+    orbitask.load_all()
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    named = {(p.relative_to(ROOT), b) for p in pages for b in _bindings(p.read_text("utf-8"))}
+    assert len(named) > 40  # the pattern finds the bindings the pages name
+    broken = []
+    for where, binding in sorted(named):
+        try:
+            gin.bind_parameter(binding, None)
+        except ValueError as e:
+            broken.append(f"{where}: {binding}: {e}")
+    gin.clear_config()
+    assert not broken, "bindings that do not exist:\n" + "\n".join(broken)
