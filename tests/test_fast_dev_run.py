@@ -16,9 +16,11 @@ class Counted(TinyTask):
         return {1: self.steps}
 
 
-def test_one_train_step_and_one_evaluation_step_and_nothing_written(tmp_path, capsys):
+@pytest.mark.parametrize("mode", ["train_and_eval", "train"])
+def test_one_train_step_and_one_evaluation_step_and_nothing_written(tmp_path, capsys, mode):
+    """`--mode=train` too checks its evaluation: the step that `train_and_eval` would run."""
     task, model = Counted(), tmp_path / "run"
-    logs = run_experiment(task, str(model), mode="train_and_eval", train_steps=500,
+    logs = run_experiment(task, str(model), mode=mode, train_steps=500,
                           global_batch_size=8, fast_dev_run=True)  # fmt: skip
     assert [step for step, _ in task.steps.calls] == [1]
     assert set(logs["eval"]) >= {"loss", "accuracy"}
