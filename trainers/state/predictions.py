@@ -7,7 +7,8 @@ moment gives every example once.
                                      per output, the steps' examples in input order, and n
     worker-<w>-done.json             worker w predicted every batch of its input
 
-A shard is written to a temporary name and renamed, so a shard on disk is whole. A rerun goes
+A shard is written whole (`files.write_text`: locally to a temporary name renamed into place;
+on object storage in one upload), so a shard that is there is whole. A rerun goes
 on after the steps every worker's shards cover from step 0 (`steps_done`): it skips those
 batches and writes the rest again (a shard written twice holds the same examples).
 `read_predictions` joins the shards in step order, worker after worker.
@@ -15,6 +16,7 @@ batches and writes the rest again (a shard written twice holds the same examples
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -22,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from orbitask.common import files
 from orbitask.trainers.errors import ConfigError
 from orbitask.trainers.state.full_disk import write_text
 
@@ -31,7 +34,7 @@ MANIFEST = "manifest.json"
 
 def folder_of(model_dir: str) -> str:
     """The predictions folder of `model_dir` (or `model_dir` itself, when it is one)."""
-    if os.path.isfile(os.path.join(model_dir, MANIFEST)):
+    if files.exists(os.path.join(model_dir, MANIFEST)):
         return model_dir
     return os.path.join(model_dir, FOLDER)
 
@@ -51,11 +54,9 @@ def check_manifest(folder: str, facts: dict) -> dict | None:
     Raises:
       ConfigError: when the earlier prediction used other facts; it names the folder to remove.
     """
-    path = os.path.join(folder, MANIFEST)
-    if not os.path.isfile(path):
+    manifest = files.read_json(os.path.join(folder, MANIFEST))
+    if manifest is None:
         return None
-    with open(path, encoding="utf-8") as f:
-        manifest = json.load(f)
     differ = [f"{k} {manifest.get(k)!r} -> {v!r}" for k, v in facts.items() if manifest.get(k) != v]
     if differ:
         raise ConfigError(
@@ -73,16 +74,16 @@ def write_manifest(folder: str, facts: dict, structure: Any) -> None:
 
 def remove_partial(folder: str, worker: int) -> None:
     """Removes worker `worker`'s half-written shards (a kill between write and rename)."""
-    for name in os.listdir(folder):
+    for name in files.listdir(folder):
         if name.startswith(f"worker-{worker:03d}-") and ".tmp" in name:
-            os.remove(os.path.join(folder, name))
+            files.remove(os.path.join(folder, name))
 
 
 def _chain(folder: str, worker: int) -> list[tuple[str, int]]:
     """Worker `worker`'s whole shards from step 0 on, in order: `(path, steps)` each."""
     chain, step = [], 0
-    while os.path.isfile(path := _shard_path(folder, worker, step)):
-        with np.load(path) as shard:
+    while files.exists(path := _shard_path(folder, worker, step)):
+        with _load(path) as shard:
             steps = int(shard["__steps__"])
         chain.append((path, steps))
         step += steps
@@ -97,11 +98,15 @@ def steps_done(folder: str, workers: int) -> int:
 def write_shard(folder: str, worker: int, step: int, steps: int, leaves: list) -> None:
     """Worker `worker`'s outputs of `steps` steps from `step` (`leaves`: one array per output,
     joined over the steps), written whole or not at all. Eager."""
-    path = _shard_path(folder, worker, step)
-    temporary = f"{path[: -len('.npz')]}.tmp{os.getpid()}.npz"
     arrays = {f"leaf_{i}": leaf for i, leaf in enumerate(leaves)}
-    np.savez(temporary, __steps__=np.int64(steps), **arrays)
-    os.replace(temporary, path)
+    data = io.BytesIO()
+    np.savez(data, __steps__=np.int64(steps), **arrays)
+    files.write_text(_shard_path(folder, worker, step), data.getvalue())
+
+
+def _load(path: str) -> Any:
+    """The arrays of shard `path` (`np.load` of its bytes, read through gfile)."""
+    return np.load(io.BytesIO(files.read_bytes(path)))
 
 
 def write_done(folder: str, worker: int, steps: int) -> None:
@@ -118,28 +123,25 @@ def read_predictions(model_dir: str) -> Any:
       ConfigError: when there is no prediction there, or it is not complete.
     """
     folder = folder_of(model_dir)
-    path = os.path.join(folder, MANIFEST)
-    if not os.path.isfile(path):
+    manifest = files.read_json(os.path.join(folder, MANIFEST))
+    if manifest is None:
         raise ConfigError(
             f"no prediction in {folder}; run the experiment with --mode=predict first."
         )
-    with open(path, encoding="utf-8") as f:
-        manifest = json.load(f)
     parts: list[list[np.ndarray]] = []
     for worker in range(manifest["workers"]):
-        done = _done_path(folder, worker)
-        if not os.path.isfile(done):
+        done = files.read_json(_done_path(folder, worker))
+        if done is None:
             raise ConfigError(
                 f"the prediction in {folder} is not complete (worker {worker} has not finished); "
                 "run the same --mode=predict command again to complete it."
             )
-        with open(done, encoding="utf-8") as f:
-            wanted = json.load(f)["steps"]
+        wanted = done["steps"]
         covered = 0
         for shard_path, steps in _chain(folder, worker):
             if covered >= wanted:
                 break
-            with np.load(shard_path) as shard:
+            with _load(shard_path) as shard:
                 parts.append([shard[f"leaf_{i}"] for i in range(len(shard.files) - 1)])
             covered += steps
     leaves = [np.concatenate(column) for column in zip(*parts, strict=True)]
@@ -175,4 +177,4 @@ def _pack(template: Any, leaves: list) -> Any:
 def shard_names(folder: str) -> list[str]:
     """The whole shard files in `folder`, sorted (for tests and tools)."""
     pattern = re.compile(r"worker-\d{3}-from-\d{9}\.npz")
-    return sorted(n for n in os.listdir(folder) if pattern.fullmatch(n))
+    return sorted(n for n in files.listdir(folder) if pattern.fullmatch(n))
