@@ -5,6 +5,7 @@ whose step is trained again."""
 
 import hashlib
 import json
+import os
 import shutil
 
 import gin
@@ -241,6 +242,31 @@ def test_a_foreign_checkpoint_is_refused(tmp_path):
     assert f"checkpoint {tmp_path / 'ckpt-30'} does not restore this run" in text
     assert "train_model/" in text
     _kept(before, _files(tmp_path))
+
+
+def test_listed_checkpoints_rotated_away_are_followed_to_the_newest(tmp_path, capsys):
+    """An evaluation's manager lists ckpt-1 and ckpt-2; a training run beside it saves ckpt-3
+    and ckpt-4, its rotation deleting both listed ones before the restore: the newest, ckpt-4,
+    is restored, and nothing is called unreadable."""
+    from orbitask.trainers.state import checkpoint_restore
+
+    value = tf.Variable(0.0)
+    training = tf.train.CheckpointManager(
+        tf.train.Checkpoint(value=value), str(tmp_path), max_to_keep=2
+    )
+    read = tf.Variable(-1.0)
+    checkpoint = tf.train.Checkpoint(value=read)
+    for step in (1, 2, 3, 4):
+        if step == 3:
+            evaluating = tf.train.CheckpointManager(checkpoint, str(tmp_path), max_to_keep=2)
+            assert [os.path.basename(p) for p in evaluating.checkpoints] == ["ckpt-1", "ckpt-2"]
+        value.assign(float(step))
+        training.save(checkpoint_number=step)
+    assert not (tmp_path / "ckpt-2.index").exists()
+    path = checkpoint_restore.restore_newest_readable(checkpoint, evaluating)
+    assert path == str(tmp_path / "ckpt-4") and float(read.numpy()) == 4.0
+    assert evaluating.latest_checkpoint == path
+    assert "unreadable" not in capsys.readouterr().out
 
 
 class DeletesItsModelDir(TinyTask):
