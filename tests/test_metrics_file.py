@@ -1,9 +1,11 @@
-"""`<model_dir>/metrics.jsonl`: every scalar sent to TensorBoard, one line per loop and per
-evaluation; a resumed run first drops the lines past its checkpoint."""
+"""`<model_dir>/metrics.jsonl`: every scalar sent to TensorBoard, one line per loop, per point a
+callback kept (print_loss) and per evaluation; a resumed run first drops the lines past its
+checkpoint."""
 
 import json
 
 import pytest
+import tensorflow as tf
 
 from orbitask.trainers import run_experiment
 from orbitask.trainers.state import metrics_file
@@ -63,6 +65,23 @@ def test_rewind_drops_train_and_eval_lines_past_their_steps(tmp_path):
         (4, "train"), (4, "eval"), (4, "eval/clean"),
         (6, "train"),
     ]  # fmt: skip
+
+
+def test_the_file_holds_the_train_points_tensorboard_holds(tmp_path):
+    """Loops of 25 steps: print_loss's points every 10 steps join each loop's last step, as in
+    TensorBoard, with the same values."""
+    _run(
+        DiesAt(), tmp_path, mode="train", train_steps=50, steps_per_loop=25, checkpoint_interval=25
+    )
+    rows = [r for r in _rows(tmp_path) if r["split"] == "train"]
+    assert [r["step"] for r in rows] == [10, 20, 25, 30, 40, 50]
+    assert [r["step"] for r in rows if "learning_rate" in r] == [25, 50]  # the loops' own rows
+    from tensorboard.backend.event_processing import plugin_event_accumulator
+
+    reader = plugin_event_accumulator.EventAccumulator(str(tmp_path / "train"))
+    reader.Reload()
+    board = {e.step: float(tf.make_ndarray(e.tensor_proto)) for e in reader.Tensors("loss")}
+    assert board == pytest.approx({r["step"]: r["loss"] for r in rows}, rel=1e-6)
 
 
 def _tensorboard_steps(folder, tag: str) -> list[int]:

@@ -128,18 +128,32 @@ def test_report_imports_no_code_from_the_model_directory(model_dir, tmp_path, ca
     assert not marker.exists() and name not in sys.modules
 
 
-def test_the_steps_per_second_panel_shows_the_consoles_figure(tmp_path, capsys):
-    """The progress line's rate (steps since the first loop over their time) and the plotted one
-    agree; each summary point's own rate is another figure."""
-    run_experiment(TinyTask(), str(tmp_path), mode="train", train_steps=40, global_batch_size=8,
-                   steps_per_loop=5, loop_seconds=None)  # fmt: skip
-    last = capsys.readouterr().out.strip().splitlines()
-    console = [
-        float(x) for x in re.findall(r"^step 40/40 \| ([0-9.]+) steps/s", "\n".join(last), re.M)
-    ]
-    steps, rates = report.console_rate(*report.load_run(str(tmp_path)).train["steps_per_second"])
-    assert steps[-1] == 40 and len(console) == 1
-    assert abs(rates[-1] - console[0]) <= 0.05 * console[0] + 0.1, (rates, console)
+def test_one_steps_per_second_on_the_console_in_metrics_jsonl_tensorboard_and_the_report(
+    tmp_path, capsys
+):
+    """The progress line's figure at each step it prints is metrics.jsonl's, TensorBoard's and
+    the report's, whose steps/s panel keeps every point, the first included."""
+    run_experiment(TinyTask(), str(tmp_path), mode="train_and_eval", train_steps=40,
+                   global_batch_size=8, steps_per_loop=5, loop_seconds=None,
+                   eval_interval=20)  # fmt: skip
+    out = capsys.readouterr().out
+    console = {
+        int(s): float(r) for s, r in re.findall(r"^step (\d+)/40 \| ([0-9.]+) steps/s", out, re.M)
+    }
+    assert set(console) >= {5, 40}, out  # the first loop and the last step
+    rows = [r for r in metrics_file.read(str(tmp_path / "metrics.jsonl")) if r["split"] == "train"]
+    jsonl = {r["step"]: r["steps_per_second"] for r in rows if "steps_per_second" in r}
+    assert sorted(jsonl) == [5, 10, 15, 20, 25, 30, 35, 40]
+    events = [e for p in (tmp_path / "train").glob("events.out.tfevents.*")
+              for e in report.read_events(str(p)) if e[0] == "steps_per_second"]  # fmt: skip
+    assert {step: value for _, step, _, value in events} == pytest.approx(jsonl, rel=1e-6)
+    for step, shown in console.items():
+        assert shown == round(jsonl[step], 1), (step, shown, jsonl[step])
+    name, lines = report.panels(report.load_run(str(tmp_path)))[3]
+    ((label, series, tag),) = lines
+    steps, values = series[tag]
+    assert name == "steps/s" and list(steps) == sorted(jsonl)
+    assert list(values) == [jsonl[s] for s in sorted(jsonl)]
 
 
 @pytest.mark.slow

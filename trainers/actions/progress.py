@@ -4,8 +4,9 @@ On a terminal it rewrites one line, and other output to `sys.stdout` (the seed's
 erases that line first, so it scrolls above instead of landing on it. Otherwise (CI, files) it
 prints a line after the first device loop, at most every `interval_s` seconds and at the last
 step, so logs stay short: that rule is its schedule entry's trigger (`entry`).
-The rate, and so the ETA, is measured from the end of the first device loop on, which excludes
-the time to trace the step function.
+The rate, and so the ETA, is the run's `StepRate`, the figure its `steps_per_second` summary
+holds: from the end of the first device loop on (which excludes the time to trace the step
+function), host work between the loops included.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import tensorflow as tf
 
 from orbitask.tasks import callbacks
 from orbitask.trainers.actions.schedule import Periodic
+from orbitask.trainers.actions.step_rate import StepRate
 from orbitask.trainers.actions.triggers import Trigger
 
 
@@ -44,6 +46,8 @@ class ProgressAction:
         eager op); None reads the variable.
       epochs: `train_epochs`, when training counts epochs: the line shows the epoch the last
         step belongs to (`epoch 2/3`), taking `total_steps` as that many epochs.
+      rate: the run's `StepRate` (the Controller's, so that the line and the summaries show
+        one figure); None makes one reading `clock`.
     """
 
     def __init__(
@@ -55,6 +59,7 @@ class ProgressAction:
         clock: Callable[[], float] = time.monotonic,
         current_step: Callable[[], int] | None = None,
         epochs: int | None = None,
+        rate: StepRate | None = None,
     ):
         self.global_step = global_step
         self.epochs = epochs
@@ -63,8 +68,7 @@ class ProgressAction:
         self.stream = stream or sys.stdout
         self.clock = clock
         self.interval_s = interval_s
-        self._start: tuple[float, int] | None = None
-        self._loops = 0
+        self.rate = rate or StepRate(clock)
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.shown = False  # the terminal line is on screen and the cursor is at its end
 
@@ -79,10 +83,9 @@ class ProgressAction:
         return Periodic("progress", self, when=when, local=True, at_start=self.start)
 
     def start(self, step: int) -> None:
-        """Marks the first step (`step`) and time: the entry's `at_start`. Eager, before the
-        first device loop; returns None."""
-        self._start = (self.clock(), step)
-        self._loops = 0
+        """Marks the first step (`step`) and time (`StepRate.start`): the entry's `at_start`.
+        Eager, before the first device loop; returns None."""
+        self.rate.start(step)
 
     @contextlib.contextmanager
     def attached(self) -> Iterator[None]:
@@ -96,12 +99,8 @@ class ProgressAction:
             yield
 
     def line(self, step: int, logs: dict[str, Any]) -> str:
-        """Returns the progress line for `step`. Eager."""
-        now = self.clock()
-        if self._start is None:
-            self._start = (now, step)
-        t0, s0 = self._start
-        rate = (step - s0) / (now - t0) if now > t0 and step > s0 else 0.0
+        """Returns the progress line for `step` (its rate: `StepRate.at`). Eager."""
+        rate = self.rate.at(step)
         eta = _format_eta((self.total_steps - step) / rate) if rate else "?"
         losses = callbacks.loss_logs(logs)
         loss_text = "".join(f" | {name} {value:.4g}" for name, value in losses.items())
@@ -115,9 +114,6 @@ class ProgressAction:
         """Shows the line after a device loop its entry is due at (eager); returns None."""
         step = self.current_step()
         text = self.line(step, train_output)
-        self._loops += 1
-        if self._loops == 1:  # later rates exclude the first loop, which traced the step
-            self._start = (self.clock(), step)
         if self.tty:
             last = step >= self.total_steps
             self.stream.write("\r" + text.ljust(79) + ("\n" if last else ""))

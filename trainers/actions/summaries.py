@@ -48,6 +48,30 @@ def histograms(task: Any, ctx: Any) -> None:
             tf.summary.histogram(f"weights/{name}", variable, step=ctx.step)
 
 
+class RecordedScalars(ScalarBatch):
+    """The train writer's `ScalarBatch`, which also keeps by step the points that callbacks
+    (`print_loss`) add, for the loggers' rows (`LoopSummaryManager.write_summaries`). Eager."""
+
+    def __init__(self, writer: Any):
+        super().__init__(writer)
+        self.rows: dict[int, dict[str, float]] = {}
+
+    def keep(self, tag: str, points) -> None:
+        """Keeps the points for the writer and, by step, for the loggers. Returns None."""
+        super().keep(tag, points)
+        for step, value in points:
+            self.rows.setdefault(int(step), {})[tag] = float(value)
+
+    def keep_own(self, tag: str, points) -> None:
+        """Keeps the loop's own points for the writer alone (its row has them). Returns None."""
+        super().keep(tag, points)
+
+    def take_rows(self) -> dict[int, dict[str, float]]:
+        """Removes and returns the callbacks' points kept since the last call, by step."""
+        rows, self.rows = self.rows, {}
+        return rows
+
+
 class LoopSummaryManager(orbit.utils.SummaryManager):
     """The train `SummaryManager`: keeps each device loop's scalars, writes them in batches.
 
@@ -57,12 +81,14 @@ class LoopSummaryManager(orbit.utils.SummaryManager):
     `print_loss` keeps its points too), and written with one traced call for all tags by the
     `summary_writes` entry of the schedule (`entry`): after the first loop, then whenever a loop
     reached or passed a multiple of `interval`, or `max_seconds` passed since the last write
-    (its `trigger`; loops do not end for it). Those writes (and their flush) run on a background
-    thread, overlapping the next device loop; `write_pending` writes the rest and waits for them
-    (the runner calls it at the end, also on SIGTERM and errors). `current_step() -> int` gives
-    the step after a loop without reading `global_step` (an eager op); None reads it. `clock` is
-    the trigger's `time.monotonic`-like clock (injectable for tests). Other values (images,
-    nested dicts) are written at once, as Orbit does.
+    (its `trigger`; loops do not end for it). The loggers (`metrics`) get a row at the loop's
+    last step, and before it a row at each step where a callback kept points (`print_loss`'s,
+    every 10 steps): the train points TensorBoard gets. Those writes (and their flush) run on a
+    background thread, overlapping the next device loop; `write_pending` writes the rest and
+    waits for them (the runner calls it at the end, also on SIGTERM and errors).
+    `current_step() -> int` gives the step after a loop without reading `global_step` (an eager
+    op); None reads it. `clock` is the trigger's `time.monotonic`-like clock (injectable for
+    tests). Other values (images, nested dicts) are written at once, as Orbit does.
     """
 
     def __init__(
@@ -84,8 +110,8 @@ class LoopSummaryManager(orbit.utils.SummaryManager):
         self._unflushed = False
         self._thread: ThreadPoolExecutor | None = None
         self._pending: list[Future] = []
-        self.scalars = ScalarBatch(self.summary_writer())
-        self.metrics: Any = None  # a `MetricsFile` that also gets each loop's scalars
+        self.scalars = RecordedScalars(self.summary_writer())
+        self.metrics: Any = None  # the run's loggers (`loggers.Records`): the train points
         if self.enabled:  # trace the writer now, in setup, not in the first loop's host work
             self.scalars.write((), (), ())
 
@@ -96,19 +122,22 @@ class LoopSummaryManager(orbit.utils.SummaryManager):
 
     def write_summaries(self, summary_dict) -> None:
         """Keeps the scalars of `summary_dict`, writes other values (eager). Returns None."""
+        kept = self.scalars.take_rows()
         if not self.enabled:
             # No summaries here (a non-chief worker): drop what callbacks kept for the writer.
             self.scalars.write_kept(write=False)
             return
         step = self.current_step()
         if self.metrics is not None:
-            self.metrics.write(step, "train", summary_dict)
+            for at in sorted(s for s in kept if s < step):
+                self.metrics.write(at, "train", kept[at])
+            self.metrics.write(step, "train", {**kept.get(step, {}), **summary_dict})
         others = {}
         for name, value in summary_dict.items():
             if isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(
                 value, bool
             ):
-                self.scalars.keep(name, [(step, float(value))])
+                self.scalars.keep_own(name, [(step, float(value))])
             else:
                 others[name] = value
         if others:

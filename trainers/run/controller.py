@@ -52,6 +52,7 @@ from absl import logging
 from orbitask.trainers.actions import evaluation_points
 from orbitask.trainers.actions.evaluation_points import evaluation_entry
 from orbitask.trainers.actions.schedule import Periodic, Schedule
+from orbitask.trainers.actions.step_rate import StepRate
 from orbitask.trainers.actions.triggers import Trigger
 from orbitask.trainers.distribution import cluster
 from orbitask.trainers.state import checkpoint_restore
@@ -73,6 +74,8 @@ class Controller(orbit.Controller):
         recorded (module docstring).
       periodic: `Periodic` entries run after each device loop, first, in order (module
         docstring); Orbit's `train_actions` run after them.
+      step_rate: the run's `StepRate`, whose figure the `summaries` entry writes as
+        `steps_per_second` (the progress line's); None makes one.
       **kwargs: `orbit.Controller`'s arguments, all honoured.
     """
 
@@ -86,6 +89,7 @@ class Controller(orbit.Controller):
         evaluated_step: tf.Variable | None = None,
         eval_at_start: bool = False,
         periodic: Sequence[Periodic] = (),
+        step_rate: StepRate | None = None,
         **kwargs,
     ):
         # The `checkpoint` entry's rule. Steps agree on every worker; the clock is this worker's.
@@ -99,7 +103,7 @@ class Controller(orbit.Controller):
             enable_async=bool(kwargs.get("enable_async_checkpointing", False))
         )
         self._saved_step: int | None = None
-        self._rate_mark: tuple[float, int] | None = None
+        self.step_rate = step_rate or StepRate()
         self._lengths: dict[int, tf.Tensor] = {}  # loop length -> its constant, made once
         self._evaluated = evaluated_step
         self._eval_at_start = eval_at_start
@@ -130,6 +134,7 @@ class Controller(orbit.Controller):
         self._require("trainer", for_method="train")
         step = int(self.global_step.numpy())
         self.schedule.start(step)
+        self.step_rate.start(step)  # (a progress line's start marked it first)
         while step < steps:
             length = self._loop_steps
             length = length(step) if callable(length) else length
@@ -244,8 +249,6 @@ class Controller(orbit.Controller):
         """
         if start is None:
             start = self._step_now()
-        if self._rate_mark is None:
-            self._rate_mark = (time.perf_counter(), start)
         steps = self._lengths.get(num_steps)
         if steps is None:
             steps = self._lengths[num_steps] = tf.constant(num_steps, tf.int32)
@@ -274,10 +277,10 @@ class Controller(orbit.Controller):
             action(output)
 
     def _write_summaries(self, output: dict) -> None:
-        """The `summaries` entry: the loop's logs and steps/sec to train/, and a log line."""
-        end, now, (then, before) = self._loop_end, time.perf_counter(), self._rate_mark
-        rate = (end - before) / (now - then) if now > then else 0.0
-        self._rate_mark = (now, end)
+        """The `summaries` entry: the loop's logs and steps/sec (`step_rate`) to train/, and a
+        log line."""
+        end = self._loop_end
+        rate = self.step_rate.at(end)
         if logging.level_info():
             logging.info("train | step: %6d | steps/sec: %6.1f", end, rate)
         # A new dict: an action may keep the one it received.
