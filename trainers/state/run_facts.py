@@ -3,7 +3,8 @@
 At start, the chief of a training run prints one line per model with its parameter count
 (trainable and not) and writes the models' summaries to `<model_dir>/model_summary.txt`.
 `<model_dir>/run.json` holds one entry per start: the versions (Python, orbitask, TensorFlow,
-both Keras flavours, tf-models-official), the command line, the gin files and bindings, the
+both Keras flavours, tf-models-official), the command line, the gin files and bindings (`set`:
+those the gin files and flags bind; `bindings`: the operative config, defaults included), the
 hosts, replicas, global batch, mode, the step it started and ended at, its start and end times,
 how it ended, and its examples per second and peak memory. At the end one line says the
 examples per second (global), the peak host memory and, on a GPU, its peak device memory.
@@ -105,6 +106,7 @@ class RunFacts:
             "versions": versions(),
             "gin_files": [a.split("=", 1)[1] for a in sys.argv if a.startswith("--gin_file=")],
             "bindings": gin.operative_config_str(),
+            "set": gin.config_str(),
             "hosts": sorted({h.rsplit(":", 1)[0] for hs in cluster.values() for h in hs})
             or [socket.gethostname()],
             "replicas": strategy.num_replicas_in_sync,
