@@ -19,7 +19,10 @@ the learning rate) also goes to each logger, keyed by step and split (`"train"`,
   `MLFLOW_TRACKING_URI` the run is refused before step 1 in one line.
 - `'wandb'`: a W&B run (W&B's own settings; `WANDB_MODE=offline` works without a network),
   resumed by its id in `<model_dir>/wandb_run_id`; the settings as its config.
-  `pip install 'orbitask[wandb]'`.
+  `pip install 'orbitask[wandb]'`. A new model directory's run takes `WANDB_RUN_ID` as its id
+  (a W&B sweep's agent sets it).
+- `'hypertune'`: each evaluation's scalars to Vertex AI's tuning service (`tuning_loggers`).
+  `pip install 'orbitask[hypertune]'`.
 - a `Logger` of your own, bound in gin: `loggers = ['tensorboard', 'jsonl', @MyLogger()]`.
 
 A training run resumed from a checkpoint rewinds the files to it (`rewind`), so that after a
@@ -49,8 +52,8 @@ from orbitask.common.errors import one_line
 from orbitask.trainers.errors import ConfigError
 from orbitask.trainers.state import metrics_file, wandb_records
 
-BUILT_IN = ("tensorboard", "jsonl", "csv", "mlflow", "wandb")
-_EXTRAS = {"mlflow": "mlflow", "wandb": "wandb"}
+BUILT_IN = ("tensorboard", "jsonl", "csv", "mlflow", "wandb", "hypertune")
+_EXTRAS = {"mlflow": "mlflow", "wandb": "wandb", "hypertune": "hypertune"}
 
 
 class Logger:
@@ -204,7 +207,8 @@ class WandbLogger(Logger):
         import wandb
 
         id_file = os.path.join(model_dir, "wandb_run_id")
-        run_id = _read(id_file) or uuid.uuid4().hex[:8]
+        # A W&B sweep's agent names the run it started (WANDB_RUN_ID).
+        run_id = _read(id_file) or os.environ.get("WANDB_RUN_ID") or uuid.uuid4().hex[:8]
         _write(id_file, run_id)
         name = _name(model_dir)
         self.run = wandb.init(
@@ -333,6 +337,9 @@ def build(loggers: Any, folder: str, training: bool) -> list[Logger]:
             )
     made = {"jsonl": JsonlLogger, "csv": CsvLogger, "mlflow": MlflowLogger, "wandb": WandbLogger}
     made["tensorboard"] = TensorBoardHParams
+    from orbitask.trainers.state.tuning_loggers import HypertuneLogger  # it subclasses Logger
+
+    made["hypertune"] = HypertuneLogger
     built = []
     for x in loggers:
         if x in ("jsonl", "csv"):
