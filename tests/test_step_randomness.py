@@ -108,6 +108,34 @@ def test_each_replica_draws_its_own_masks_and_a_restored_state_draws_them_again(
     _assert_equal(first, again)
 
 
+def test_each_replicas_counter_goes_on_across_device_loops():
+    """Keras 3 dropout on 2 replicas: the seeds spread again before each device loop keep each
+    replica's counter, so two loops of one step draw what one loop of two steps draws, new
+    masks at each step."""
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+    def drawn(loops):
+        with strategy.scope():
+            layer = keras.layers.Dropout(0.5, seed=3)
+        draws = random_state.ReplicaDraws({"model": layer}, strategy)
+
+        @tf.function
+        def masks():
+            return strategy.run(lambda: layer(tf.ones((4, 64)), training=True))
+
+        steps = []
+        for length in loops:
+            draws()  # before each device loop
+            for _ in range(length):
+                steps.append([m.numpy() for m in strategy.experimental_local_results(masks())])
+        return steps
+
+    one_loop, two_loops = drawn([2]), drawn([1, 1])
+    assert not np.array_equal(one_loop[0][0], one_loop[1][0])
+    for one, two in zip(one_loop, two_loops, strict=True):
+        _assert_equal(one, two)
+
+
 class DropoutFirst(TinyTask):
     """A tf_keras model whose Dropout is built before its unseeded Dense layers (Model Garden's
     heads are so). It keeps the weights it starts training from."""
@@ -182,6 +210,24 @@ def test_a_stateful_op_in_the_input_runs_and_is_named(tmp_path, capsys):
     _run(tmp_path, Augmented(l2=0.0), 12, steps_per_loop=2)  # its position is restored
     assert "restarts from its beginning" not in capsys.readouterr().out
     assert tf.io.gfile.glob(str(tmp_path / "input" / "ckpt-12" / "*"))
+
+
+def test_a_tf_keras_layer_with_its_own_seed_draws_from_it_whatever_the_runs_seed():
+    """Its masks are those of tf_keras' own stateful generator of that seed, under any run seed
+    (or none); a layer without a seed draws from the run's."""
+    from orbitask.common import keras_compat
+
+    def masks(seed, run_seed):
+        inputs = tf_keras.Input((64,))
+        model = tf_keras.Model(inputs, tf_keras.layers.Dropout(0.5, seed=seed)(inputs))
+        assert keras_compat.save_layer_draws(model, seed=run_seed)
+        return model(tf.ones((4, 64)), training=True).numpy()
+
+    stateful = tf_keras.layers.Dropout(0.5, seed=5, rng_type="stateful")
+    expected = stateful(tf.ones((4, 64)), training=True).numpy()
+    for run_seed in (1, 2, None):
+        np.testing.assert_array_equal(masks(5, run_seed), expected)
+    assert not np.array_equal(masks(None, 1), masks(None, 2))
 
 
 def test_keras_generators_behind_tf_keras_layers_are_found():

@@ -4,9 +4,12 @@
     orbitask report --model_dir=runs                                   # each run under runs/
 
 The table has a row per run: its last step, its final and best evaluation of the ranked metric
-(`--metric`, as for one run) and the gin bindings that differ between the runs, read from each
-run's `operative_config.gin`. The PNG overlays train loss, eval loss, the metric and the learning
-rate, one line per run. Eager, on the host; it never builds a task.
+(`--metric`, as for one run) and the gin bindings that differ between the runs (each run's
+`operative_config.gin`) among those a gin file or flag set (`run.json`'s `set`; all of them for
+runs without it), as many as fit in 120 columns, values cut to 24 characters. The other
+bindings that differ are listed below it, one a line. The PNG overlays train loss, eval loss,
+the metric and the learning rate, one line per run, each run in one colour in every panel.
+Eager, on the host; it never builds a task.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import os
 
 from orbitask.common import files
 from orbitask.trainers.commands import report
-from orbitask.trainers.state import settings_record
+from orbitask.trainers.state import run_facts, settings_record
 
 
 def is_run(path: str) -> bool:
@@ -88,13 +91,48 @@ def differing_bindings(runs: list[str]) -> dict[str, list[str]]:
     return {k: v for k, v in values.items() if len(set(v)) > 1}
 
 
+WIDTH, CELL = 120, 24  # the table's columns, a binding's value at most
+
+
+def set_bindings(runs: list[str]) -> set[str] | None:
+    """The bindings the runs' gin files and flags set (every start's `set` in `run.json`) as
+    `Configurable.parameter` or `MACRO`; None when no run keeps that record."""
+    found = None
+    for run in runs:
+        entries = files.read_json(os.path.join(run, run_facts.RUN_JSON), [])
+        for entry in entries if isinstance(entries, list) else []:
+            try:
+                found = (found or set()) | set(map(_short, settings_record.bindings(entry["set"])))
+            except (KeyError, TypeError, SyntaxError, ValueError):
+                continue
+    return found
+
+
+def _short(key: str) -> str:
+    """`Configurable.parameter` of a binding (scope and module dropped), or the macro."""
+    return ".".join(key.rpartition("/")[2].split(".")[-2:])
+
+
+def _cut(text: str, width: int = CELL) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 def table(runs: list[str], loaded: list[report.Run], metric: str | None) -> str:
-    """The text table: a row per run (module docstring). Eager."""
+    """The text table: a row per run, then the other bindings that differ (module
+    docstring). Eager."""
     header = ["run", "steps"]
     if metric:
         header += [f"final {metric}", f"best {metric} (step)"]
     differ = differing_bindings(runs)
-    header += list(differ)
+    chosen = set_bindings(runs)
+    shown = [k for k in differ if chosen is None or _short(k) in chosen]
+    width = sum(len(c) + 2 for c in header) + max(len(n) for n in names(runs))
+    for i, key in enumerate(shown):
+        width += 2 + max(len(_cut(key, 40)), *(len(_cut(v)) for v in differ[key]))
+        if width > WIDTH:
+            shown = shown[:i]
+            break
+    header += [_cut(key, 40) for key in shown]
     rows = [header]
     for i, (name, run) in enumerate(zip(names(runs), loaded, strict=True)):
         steps = [int(s[0][-1]) for s in (*run.train.values(), *run.eval.values()) if len(s[0])]
@@ -104,11 +142,16 @@ def table(runs: list[str], loaded: list[report.Run], metric: str | None) -> str:
             row += [f"{run.eval[metric][1][-1]:.4g}", f"{value:.4g} ({step})"]
         elif metric:
             row += ["-", "-"]
-        rows.append(row + [values[i] for values in differ.values()])
+        rows.append(row + [_cut(differ[key][i]) for key in shown])
     widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
-    return "\n".join(
+    lines = [
         "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows
-    )
+    ]
+    rest = [k for k in differ if k not in shown]
+    if rest:
+        lines += ["", "also differ (one value a run, in the table's order):"]
+        lines += [_cut(f"  {k}: {' | '.join(differ[k])}", WIDTH) for k in rest]
+    return "\n".join(lines)
 
 
 def plot(runs: list[str], loaded: list[report.Run], metric: str | None, path: str) -> None:
@@ -123,11 +166,12 @@ def plot(runs: list[str], loaded: list[report.Run], metric: str | None, path: st
     panels += [(f"eval {metric}", "eval", metric), ("learning rate", "train", "learning_rate")]
     for ax, (title, split, tag) in zip(figure.subplots(2, 2).ravel(), panels, strict=True):
         drawn = 0
-        for name, run in zip(names(runs), loaded, strict=True):
+        for i, (name, run) in enumerate(zip(names(runs), loaded, strict=True)):
             series = getattr(run, split)
             if tag in series:
                 steps, values = series[tag]
-                ax.plot(steps, values, marker="o" if len(steps) < 30 else None, label=name)
+                marker = "o" if len(steps) < 30 else None
+                ax.plot(steps, values, marker=marker, label=name, color=f"C{i % 10}")
                 drawn += 1
         ax.set_title(title)
         ax.set_xlabel("step")
