@@ -94,6 +94,9 @@ class JsonlLogger(Logger):
     def rewind(self, train_step: int, eval_step: int) -> None:
         self.file.rewind(train_step, eval_step)
 
+    def end(self, status: str) -> None:
+        self.file.file.flush()  # on object storage, the lines since the last checkpoint
+
 
 class CsvLogger(Logger):
     """`<folder>/metrics.csv`: a header `step,split,name,value`, then one row a value. On
@@ -124,6 +127,9 @@ class CsvLogger(Logger):
             text = io.StringIO(newline="")
             csv.writer(text).writerows(kept)
             self.file.rewrite(text.getvalue())
+
+    def end(self, status: str) -> None:
+        self.file.flush()  # on object storage, the rows since the last checkpoint
 
 
 def _kept(row: list, train_step: int, eval_step: int) -> bool:
@@ -212,7 +218,8 @@ class WandbLogger(Logger):
         _write(id_file, run_id)
         name = _name(model_dir)
         self.run = wandb.init(
-            id=run_id, name=name, dir=model_dir, config=dict(params), resume="allow",
+            id=run_id, name=name, dir=model_dir if files.is_local(model_dir) else None,
+            config=dict(params), resume="allow",
             reinit="finish_previous",
         )  # fmt: skip
         if resumed and self.kept is not None:
