@@ -1,10 +1,13 @@
 """`<model_dir>/metrics.jsonl`: every scalar the run sends to TensorBoard, one JSON object a line.
 
+    {"step": 190, "split": "train", "loss": 0.33}
     {"step": 200, "split": "train", "loss": 0.31, "learning_rate": 0.001, "steps_per_second": 840.2}
     {"step": 200, "split": "eval", "accuracy": 0.95, "loss": 0.17}
     {"step": 200, "split": "eval/clean", "accuracy": 0.97, "loss": 0.11}
 
-A line per device loop of training (its last step's logs, the learning rate and steps/s) and per
+A line per device loop of training (its last step's logs, the learning rate and steps/s, the
+progress line's figure: `actions.step_rate`), per step inside the loop where a callback wrote
+train points (`print_loss`'s losses every 10 steps, as TensorBoard gets them) and per
 evaluation (`"eval/<name>"` for each of several validation sets), keyed `"step"` and `"split"`,
 then the scalars by name (a non-finite value is written as JavaScript's `NaN` / `Infinity`, as
 Python's `json` and pandas read them). `pandas.DataFrame(metrics_file.read(path))` reads it,
