@@ -2,6 +2,7 @@
 75 (a checkpoint of the stop step where it trains, none where it only evaluates); two more
 SIGTERMs during the save and the shutdown keep exit 75. The real binary, in a subprocess."""
 
+import itertools
 import os
 import random
 import re
@@ -305,3 +306,40 @@ def test_a_signal_after_a_workers_vote_stops_it_with_the_others_at_the_next_agre
         with pytest.raises(Preempted, match="SIGTERM at step 7"):
             watcher()  # its vote now says SIGTERM: every worker stops here
     assert votes == [0, watcher.codes.index(signal.SIGTERM)]
+
+
+def test_the_agreed_signal_decides_where_it_differs_from_a_workers_own():
+    """Every worker stops with the signal they agreed on (the largest: SIGINT last), not its
+    own: a worker that got SIGTERM while another got Ctrl-C stops as interrupted (exit 130), and
+    one whose own Ctrl-C came after its vote for the others' SIGTERM stops as preempted (75), as
+    do the others. Both ways: the schedule's agreement after a loop, `agree` after an
+    evaluation."""
+    from orbitask.trainers.actions.preemption import PreemptionWatcher
+    from orbitask.trainers.actions.schedule import AGREED
+    from orbitask.trainers.errors import Interrupted, Preempted
+
+    handlers = {
+        sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    }
+    cases = [
+        (signal.SIGTERM, signal.SIGINT, Interrupted),
+        (signal.SIGINT, signal.SIGTERM, Preempted),
+        (None, signal.SIGTERM, Preempted),
+    ]  # (this worker's own signal, the agreed one, the stop)
+    try:
+        for (own, agreed, stop), scheduled in itertools.product(cases, [True, False]):
+            watcher = PreemptionWatcher(lambda: 7, stopped=lambda name, step: f"{name} at {step}")
+            code = watcher.codes.index(agreed)
+            with watcher:
+                watcher.take_back(agree=lambda vote, code=code: code)  # the collective's result
+                if own is not None:
+                    os.kill(os.getpid(), own)
+                    assert watcher.received == own
+                with pytest.raises(Preempted, match=f"^{agreed.name} at 7$") as info:
+                    watcher({AGREED: code} if scheduled else None)
+            assert type(info.value) is stop and watcher.received == agreed, (own, scheduled)
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
