@@ -2,7 +2,8 @@
 
     orbitask report --model_dir=runs/digits [--output=report.png] [--metric=accuracy]
 
-Several `--model_dir`, or a folder of runs, compare the runs instead (`compare`). For one run, it
+Several `--model_dir`, or a folder of runs, compare the runs instead (`compare`); a sweep's
+folder first says its best trial (`sweeps.study.report_lines`). For one run, it
 reads the TensorBoard event files the runner writes under `model_dir/train` and `model_dir/eval`
 and draws loss (train and eval), eval metrics, learning rate and steps/s over steps; prints the
 best eval metric and its step, the last checkpoint and the run time. Runs eagerly, on the host;
@@ -322,6 +323,9 @@ def main(argv: list[str]) -> int:
             text = report(runs[0], FLAGS.output, FLAGS.metric)
         else:
             text = compare.report_runs(runs, FLAGS.output, FLAGS.metric)
+        from orbitask.trainers.sweeps import study  # a sweep's folder: its best trial first
+
+        text = "".join(f"{line}\n" for line in study.report_lines(FLAGS.model_dir)) + text
     except (ReportError, flags.Error) as e:
         print(f"orbitask: error: {e}", file=sys.stderr)
         return 2

@@ -48,7 +48,7 @@ class Best:
         """The line the run prints: `best eval accuracy 0.97 at step 1000 (max), <ckpt>`."""
         kept = self.checkpoint or "no checkpoint of that step kept"
         direction = "max" if self.higher_is_better else "min"
-        return f"best eval {self.metric} {self.value:.6g} at step {self.step} ({direction}), {kept}"
+        return f"best eval {self.metric} {self.value:.4g} at step {self.step} ({direction}), {kept}"
 
 
 def minimised(name: str) -> bool:

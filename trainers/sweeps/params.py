@@ -112,9 +112,8 @@ def parse_all(texts: list[str]) -> list[Param]:
       ConfigError: naming the bad `--param`.
     """
     found = [parse(text) for text in texts]
-    names = [p.name for p in found]
-    for text, param in zip(texts, found, strict=True):
-        if names.count(param.name) > 1:
+    for i, (text, param) in enumerate(zip(texts, found, strict=True)):
+        if param.name in [p.name for p in found[:i]]:
             raise _bad(text, f"{param.name} is swept by another --param too")
     if not found:
         raise ConfigError('orbitask sweep needs at least one --param "NAME=KIND(ARGS)".')

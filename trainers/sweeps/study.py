@@ -162,3 +162,14 @@ def summary_lines(found: dict, folder: str) -> list[str]:
     )
     lines.append(f"bindings    {'; '.join(top['bindings'])}")
     return lines
+
+
+def report_lines(folders: list[str]) -> list[str]:
+    """`summary_lines` of each of `folders` that holds a sweep's `sweep.json` (`orbitask
+    report`), then an empty line; none when no folder does."""
+    lines = []
+    for folder in folders:
+        found = files.read_json(os.path.join(folder, SUMMARY))
+        if isinstance(found, dict) and "trials" in found:
+            lines += [*summary_lines(found, folder), ""]
+    return lines
