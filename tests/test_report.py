@@ -210,3 +210,56 @@ def test_the_table_tells_a_runs_final_evaluation_from_its_best(tmp_path):
     loaded = [report.Run(train={}, eval=e, seconds=[1.0]) for e in evals]
     rows = [r.split() for r in compare.table(runs, loaded, "accuracy").splitlines()[1:]]
     assert rows == [["a", "30", "0.7", "0.9", "(20)"], ["b", "10", "-", "-"]]
+
+
+def test_each_run_keeps_one_colour_in_every_panel():
+    """Run `a` has no evaluation: `b` and `c` keep their colours in the eval panels."""
+    points = (np.array([10, 20]), np.array([1.0, 0.5]))
+    rate = {"loss": points, "learning_rate": points}
+    loaded = [report.Run(train=rate, eval={}, seconds=[1.0])]
+    loaded += [report.Run(train=rate, eval={"loss": points, "accuracy": points}, seconds=[1.0])] * 2
+    figure = compare.figure(["runs/a", "runs/b", "runs/c"], loaded, "accuracy")
+    colours = {}
+    for ax in figure.axes:
+        for line in ax.get_lines():
+            colours.setdefault(line.get_label(), set()).add(line.get_color())
+    assert sorted(colours) == ["a", "b", "c"]
+    assert all(len(c) == 1 for c in colours.values()), colours
+    assert len({c for cs in colours.values() for c in cs}) == 3
+
+
+def test_the_table_fits_120_columns_with_the_set_bindings_and_lists_the_rest(tmp_path):
+    """Bindings set in gin (run.json's `set`) are columns while they fit; the others that
+    differ, set or not, are listed below, one a line."""
+    import json
+
+    runs = []
+    for i, rate in enumerate(("0.1", "0.01", "0.001")):
+        run = tmp_path / f"lr_{rate}"
+        run.mkdir()
+        operative = {
+            "run_experiment.learning_rate": rate,
+            "run_experiment.loop_seconds": f"{i}.0",  # differs, set by nobody
+            "TASK/DigitsClassification.hidden_units": f"({', '.join(['128'] * (6 + i))})",
+            "TASK/DigitsClassification.l2": f"0.00{i}",
+        }
+        (run / "operative_config.gin").write_text(
+            "".join(f"{k} = {v}\n" for k, v in operative.items())
+        )
+        set_ = {k: v for k, v in operative.items() if "loop_seconds" not in k}
+        text = "".join(f"orbitask.{k.rpartition('/')[2]} = {v}\n" for k, v in set_.items())
+        (run / "run.json").write_text(json.dumps([{"set": text}]))
+        runs.append(str(run))
+    loaded = [
+        report.Run(train={}, eval={"accuracy": (np.array([10]), np.array([0.5]))}, seconds=[1.0])
+    ] * 3
+    text = compare.table(runs, loaded, "accuracy")
+    assert max(len(line) for line in text.splitlines()) <= 120, text
+    header = text.splitlines()[0]
+    assert "run_experiment.learning_rate" in header and "loop_seconds" not in header, text
+    below = text.split("\n\n")[1].splitlines()[1:]
+    assert "  run_experiment.loop_seconds: 0.0 | 1.0 | 2.0" in below, text
+    named = {line.split(":")[0].strip() for line in below}
+    for key in ("TASK/DigitsClassification.hidden_units", "TASK/DigitsClassification.l2"):
+        assert (key in header) != (key in named), (key, text)  # a column, or listed below
+    assert "TASK/DigitsClassification.hidden_units" in named  # too wide after the others

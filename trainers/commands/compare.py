@@ -15,6 +15,7 @@ Eager, on the host; it never builds a task.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from orbitask.common import files
 from orbitask.trainers.commands import report
@@ -117,24 +118,19 @@ def _cut(text: str, width: int = CELL) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
+def _width(rows: list[list[str]]) -> int:
+    """The width of `rows` as a table: its columns' widths, two spaces between."""
+    return sum(max(len(r[c]) for r in rows) + 2 for c in range(len(rows[0]))) - 2
+
+
 def table(runs: list[str], loaded: list[report.Run], metric: str | None) -> str:
     """The text table: a row per run, then the other bindings that differ (module
     docstring). Eager."""
     header = ["run", "steps"]
     if metric:
         header += [f"final {metric}", f"best {metric} (step)"]
-    differ = differing_bindings(runs)
-    chosen = set_bindings(runs)
-    shown = [k for k in differ if chosen is None or _short(k) in chosen]
-    width = sum(len(c) + 2 for c in header) + max(len(n) for n in names(runs))
-    for i, key in enumerate(shown):
-        width += 2 + max(len(_cut(key, 40)), *(len(_cut(v)) for v in differ[key]))
-        if width > WIDTH:
-            shown = shown[:i]
-            break
-    header += [_cut(key, 40) for key in shown]
     rows = [header]
-    for i, (name, run) in enumerate(zip(names(runs), loaded, strict=True)):
+    for name, run in zip(names(runs), loaded, strict=True):
         steps = [int(s[0][-1]) for s in (*run.train.values(), *run.eval.values()) if len(s[0])]
         row = [name, str(max(steps)) if steps else "-"]
         if metric and metric in run.eval:
@@ -142,8 +138,17 @@ def table(runs: list[str], loaded: list[report.Run], metric: str | None) -> str:
             row += [f"{run.eval[metric][1][-1]:.4g}", f"{value:.4g} ({step})"]
         elif metric:
             row += ["-", "-"]
-        rows.append(row + [_cut(differ[key][i]) for key in shown])
-    widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
+        rows.append(row)
+    differ = differing_bindings(runs)
+    chosen = set_bindings(runs)
+    shown = []
+    for key in [k for k in differ if chosen is None or _short(k) in chosen]:
+        column = [_cut(key, 40), *(_cut(v) for v in differ[key])]
+        if _width(rows) + 2 + max(map(len, column)) > WIDTH:
+            break
+        rows = [r + [cell] for r, cell in zip(rows, column, strict=True)]
+        shown.append(key)
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     lines = [
         "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows
     ]
@@ -155,8 +160,13 @@ def table(runs: list[str], loaded: list[report.Run], metric: str | None) -> str:
 
 
 def plot(runs: list[str], loaded: list[report.Run], metric: str | None, path: str) -> None:
-    """Writes a 2x2 PNG (1000x700 px): train loss, eval loss, eval `metric`, learning rate,
-    one line per run. Eager."""
+    """Writes the `figure` of the runs as a PNG to `path`. Eager."""
+    report.save(figure(runs, loaded, metric), path)
+
+
+def figure(runs: list[str], loaded: list[report.Run], metric: str | None) -> Any:
+    """A 2x2 matplotlib `Figure` (1000x700 px): train loss, eval loss, eval `metric`, learning
+    rate, one line per run, run i in colour `C<i>` in every panel. Eager."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -180,7 +190,7 @@ def plot(runs: list[str], loaded: list[report.Run], metric: str | None, path: st
             ax.legend()
         else:
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
-    report.save(figure, path)
+    return figure
 
 
 def report_runs(runs: list[str], output: str | None, metric: str | None) -> str:
