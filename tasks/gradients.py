@@ -7,14 +7,44 @@ norm non-finite, so the per-element fix runs under a `tf.cond` only then, instea
 on every gradient at every step. Finite entries whose squares overflow float32 make the norm
 infinite too; that same rare branch then computes the norm and the clip on the gradients divided
 by their largest magnitude, so the clipped gradients are finite and point the same way.
+
+While a run counts them (`counting_zeroed`), that rare branch also adds 1 to a counter for each
+step whose gradient had a non-finite entry set to 0: no work at a step that has none.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import tensorflow as tf
+
+_zeroed: tf.Variable | None = None  # the steps with entries set to 0, while a run counts them
+
+
+@contextlib.contextmanager
+def counting_zeroed(counter: tf.Variable) -> Iterator[None]:
+    """While open, each step traced with the default update adds 1 to `counter` (an int64
+    variable of no strategy) when its gradient had a non-finite entry that it set to 0. The
+    first replica counts (every replica holds the same all-reduced gradient). Eager, around the
+    steps' tracing; yields None."""
+    global _zeroed
+    _zeroed = counter
+    try:
+        yield
+    finally:
+        _zeroed = None
+
+
+def _counter() -> tf.Variable | None:
+    """The open counter, where this replica is the first; else None. Traced."""
+    if _zeroed is None:
+        return None
+    context = tf.distribute.get_replica_context()
+    replica = tf.get_static_value(context.replica_id_in_sync_group) if context else 0
+    return _zeroed if replica == 0 else None
 
 
 class Gradients(list):
@@ -42,7 +72,8 @@ def zero_nans_and_clip(gradients: list, clip_norm: float | None) -> tuple[list, 
     norm = _norm(present)
     # The rare branch runs as one function call: inlined, its ops would each be visited (as
     # dead) at every step that does not take it, a cost of a few percent on a small model.
-    rare = tf.function(_finite_and_clipped, autograph=False,
+    fixing = functools.partial(_finite_and_clipped, counter=_counter())
+    rare = tf.function(fixing, autograph=False,
                        experimental_attributes={"_noinline": True})  # fmt: skip
     present, clipped, norm = tf.cond(
         tf.math.is_finite(norm),
@@ -167,12 +198,17 @@ def _clip(gradients: list, clip_norm: float | None, norm: tf.Tensor) -> list:
     return clipped
 
 
-def _finite_and_clipped(gradients: list, clip_norm: float | None) -> tuple[list, list, tf.Tensor]:
-    """The rare branch: `(fixed, clipped, norm)`, NaN and +-Inf entries set to 0. Traced.
+def _finite_and_clipped(
+    gradients: list, clip_norm: float | None, counter: tf.Variable | None = None
+) -> tuple[list, list, tf.Tensor]:
+    """The rare branch: `(fixed, clipped, norm)`, NaN and +-Inf entries set to 0, and 1 added
+    to `counter` (None: none) when there was such an entry. Traced.
 
     When the fixed gradients' squares still overflow, the norm and the clip come from the
     gradients divided by their largest magnitude (`_rescaled_clip`).
     """
+    if counter is not None:
+        counter.assign_add(tf.cast(tf.logical_not(all_finite(gradients)), tf.int64))
     fixed = [
         _map(lambda v: tf.where(tf.math.is_finite(v), v, tf.zeros_like(v)), g) for g in gradients
     ]

@@ -11,7 +11,7 @@ import tensorflow as tf
 from orbitask.tasks import Task
 from orbitask.tasks.gradients import zero_nans_and_clip
 from orbitask.trainers import NanGuard, run_experiment
-from tests.helpers import LinearTask, StepRecorder, checkpoint_weights
+from tests.helpers import LinearTask, StepRecorder, checkpoint_weights, nan_rows
 
 B = 8
 BIG = np.float32(3e38)  # finite in float32 (max 3.4e38); the square, or a sum of two, is not
@@ -217,3 +217,36 @@ def test_default_update_leaves_every_weight_and_slot_finite(tmp_path, case):
         assert kernel[1, 0] == 0.0  # its only gradient was +Inf, zeroed: Nadam never moved it
     if case == "overflow":
         assert kernel[1, 0] == kernel[2, 0] < 0  # moved, along the clipped direction
+
+
+def _scalars(folder, tag: str) -> dict:
+    """`{step: value}` of the scalar `tag` in the event files of `folder`."""
+    found = {}
+    for path in tf.io.gfile.glob(str(folder / "events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                if value.tag == tag:
+                    found[event.step] = float(tf.make_ndarray(value.tensor))
+    return found
+
+
+@pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
+def test_steps_with_zeroed_gradients_are_counted_and_said(tmp_path, capsys, strategy):
+    """NaN in 3 of 96 rows, in steps 2, 3 and 10 (one replica's half on two): the default update
+    zeroes those entries and trains on; the first device loop that had one says so, the end of
+    the run says how many steps had them (once per step, not per replica), and `train/` holds
+    the count after each device loop that added to it."""
+    task = LinearTask(nan_rows(96, [9, 20, 77]))
+    run_experiment(
+        task, str(tmp_path), mode="train", train_steps=12, global_batch_size=B,
+        steps_per_loop=4, learning_rate=0.1, strategy=strategy, progress=False,
+    )  # fmt: skip
+    out = capsys.readouterr().out.splitlines()
+    said = [x for x in out if "non-finite gradients" in x]
+    assert said == [
+        "orbitask: warning: non-finite gradients (NaN or Inf) by step 4: their entries were set "
+        "to 0 and the steps taken; the count is said at the end "
+        "(orbitask.run_experiment.nan_guard = @orbitask.NanGuard() skips such steps)",
+        "orbitask: 3 steps had non-finite gradients, zeroed",
+    ]
+    assert _scalars(tmp_path / "train", "nonfinite_gradient_steps") == {4: 2.0, 12: 3.0}

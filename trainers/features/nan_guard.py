@@ -10,20 +10,24 @@ of steps the guard accepted, then an exponential moving average of them with wei
 positive. The counters and the average are in the checkpoint, so a resumed run decides as an
 uninterrupted one, and a rollback restores them with the weights.
 Off by default (the default `update_pre` then zeroes non-finite gradient entries and the step is
-taken). Enable it in gin with `orbitask.run_experiment.nan_guard = @orbitask.NanGuard()`. Works
-with the default `train_step` (it needs `Task.compute_update`); a task that overrides
-`train_step` whole is rejected.
+taken; `ZeroedSteps` counts those steps and says so). Enable it in gin with
+`orbitask.run_experiment.nan_guard = @orbitask.NanGuard()`. Works with the default `train_step`
+(it needs `Task.compute_update`); a task that overrides `train_step` whole is rejected.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import gin
 import tensorflow as tf
 from absl import logging
 
 from orbitask.common import setting_rules
+from orbitask.tasks import gradients as gradients_lib
 from orbitask.trainers.actions.schedule import Periodic
 from orbitask.trainers.actions.triggers import Trigger
+from orbitask.trainers.distribution import cluster
 from orbitask.trainers.errors import ConfigError, NonFiniteLossError
 
 SPIKE_HORIZON = 100  # accepted losses in the recent average (the EMA's 1 / weight)
@@ -196,3 +200,55 @@ class NanGuard:
             flush=True,
         )
         return True
+
+
+class ZeroedSteps:
+    """Without the NaN guard: counts the steps whose non-finite gradient entries the default
+    update set to 0 (`tasks.gradients.counting_zeroed`), says it in one line at the device loop
+    where the first came and at the end of the run, and writes the count as the TensorBoard
+    scalar `nonfinite_gradient_steps` after each device loop that added to it. Eager; one read
+    of the counter after each device loop, no work in a step without such an entry.
+    """
+
+    TAG = "nonfinite_gradient_steps"
+
+    def __init__(self):
+        self.count = tf.Variable(0, dtype=tf.int64, trainable=False, name=self.TAG)
+        self.said = 0
+
+    def counting(self):
+        """The context in which the steps traced count (`counting_zeroed`)."""
+        return gradients_lib.counting_zeroed(self.count)
+
+    def after_loop(self, step: int, writer) -> None:
+        """After a device loop that ended at `step`: the first line, and the summary into
+        `writer` when the count grew. Eager; returns None."""
+        count = int(self.count.numpy())
+        if count == self.said:
+            return
+        if self.said == 0:
+            print(
+                f"orbitask: warning: non-finite gradients (NaN or Inf) by step {step}: their "
+                "entries were set to 0 and the steps taken; the count is said at the end "
+                "(orbitask.run_experiment.nan_guard = @orbitask.NanGuard() skips such steps)",
+                flush=True,
+            )
+        self.said = count
+        with writer.as_default():
+            tf.summary.scalar(self.TAG, count, step=step)
+
+    def end(self) -> None:
+        """At the end of the run (finished or stopped): its line, when a step had such an
+        entry. Eager; returns None."""
+        count = int(self.count.numpy())
+        if count:
+            print(f"orbitask: {count} steps had non-finite gradients, zeroed", flush=True)
+
+    @classmethod
+    def of_run(cls, training_chief: bool, strategy: Any, objects: Any) -> ZeroedSteps | None:
+        """A count for the chief of a training run (`training_chief`) without the NaN guard or
+        float16 loss scaling (which skip such steps), not under parameter_server; else None.
+        Eager."""
+        if not training_chief or objects.nan_guard is not None or objects.loss_scale is not None:
+            return None
+        return None if cluster.is_parameter_server(strategy) else cls()

@@ -21,6 +21,7 @@ from orbitask.tasks import CallbackContext
 from orbitask.trainers.actions import summaries
 from orbitask.trainers.engine import evaluation, step_errors
 from orbitask.trainers.errors import EarlyStop
+from orbitask.trainers.features.nan_guard import ZeroedSteps
 from orbitask.trainers.run import best, checkpointing, messages, saved_model
 from orbitask.trainers.run.controller import Controller
 from orbitask.trainers.run.settings import EvalSettings, Settings
@@ -48,8 +49,10 @@ class ModeRunning:
             for line in self.facts.start(objects.model, self.strategy, batch, self.mode, step):
                 messages.say(line)
         attached = self.progress.attached() if self.progress else contextlib.nullcontext()
+        self.zeroed = ZeroedSteps.of_run(self.training and self.chief, self.strategy, objects)
+        counting = self.zeroed.counting() if self.zeroed else contextlib.nullcontext()
         failed = ""  # the exception that stopped the run, by name
-        with attached:
+        with attached, counting:
             try:
                 result = self._run_mode()  # under `run_eagerly` when set (`runner.run`)
             except EarlyStop as stop:
@@ -70,6 +73,8 @@ class ModeRunning:
                 if self.profiler:
                     self.profiler.close()
                 self._write_train_summaries(bool(failed))
+                if failed and self.zeroed is not None:
+                    self.zeroed.end()
                 if failed:
                     self._end_facts(failed)
             manager.sync()  # raises NoSpaceError if the last async write found a full disk
@@ -206,6 +211,8 @@ class ModeRunning:
 
     def _keep_train_logs(self, output: dict) -> None:
         self.results["train"] = dict(output)
+        if self.zeroed is not None:
+            self.zeroed.after_loop(self._step_now(), self.summaries.train.summary_writer())
 
     def _keep_eval_logs(self, output: dict) -> None:
         """Keeps an evaluation's logs, and says its line (the chief; eval_all says its own)."""
@@ -314,6 +321,8 @@ class ModeRunning:
         if self.facts is not None and (line := self.facts.end(self._step_now(), "finished")):
             messages.say(line)
         self._end_records("finished")
+        if self.zeroed is not None:
+            self.zeroed.end()
         where = self.model_dir if self.training else self.output_dir
         messages.run_end(where, self.training)
 
