@@ -12,7 +12,8 @@ Holding the lock, the run removes what a killed save left: `ckpt-N_temp/` folder
 `*.tmp<hex>` files of atomic writes, in the model directory and `best/`, and the `<name>_temp/`
 folders of input positions under `input/ckpt-N/`.
 
-The lock needs a local or NFS path; a directory on other storage (`gs://...`) is not locked.
+The lock needs a local or NFS path; a directory on object storage (`gs://...`) is held by a
+lease instead (`lease.Lease`: host, pid and a heartbeat in `<model_dir>/orbitask.lease`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from absl import logging
 
 from orbitask.common import files
 from orbitask.trainers.errors import ConfigError
+from orbitask.trainers.state.lease import Lease
 
 LOCK_FILE = "orbitask.lock"
 _LEFTOVER = re.compile(r".+-\d+_temp|.+\.tmp[0-9a-f]{32}")
@@ -75,7 +77,7 @@ class ModelDirLock:
 
     def __init__(self, model_dir: str):
         self.model_dir = model_dir
-        self._lock: FileLock | None = None
+        self._lock: FileLock | Lease | None = None
 
     def take(self, writes_checkpoints: bool) -> None:
         """On the chief of a run that writes checkpoints (`writes_checkpoints`), takes the lock
@@ -84,9 +86,16 @@ class ModelDirLock:
         Raises:
           ConfigError: when another process holds the lock (one line naming its host and pid).
         """
-        if not writes_checkpoints or "://" in self.model_dir:
+        if not writes_checkpoints:
             return
-        lock = FileLock(os.path.join(self.model_dir, LOCK_FILE))
+        if not files.is_local(self.model_dir):
+            lease = Lease(self.model_dir)
+            lease.take()
+            self._lock = lease
+            remove_leftovers(self.model_dir)
+            return
+        folder = self.model_dir.removeprefix("file://")
+        lock = FileLock(os.path.join(folder, LOCK_FILE))
         if not lock.acquire():
             raise ConfigError(
                 f"--model_dir {self.model_dir!r} is in use by another run ({lock.holder()}); "
