@@ -262,6 +262,15 @@ def main(argv: list[str]) -> int:
         return fail(f"unexpected argument {rest[0]!r}; a gin binding is NAME=VALUE.")
     if not FLAGS.gin_file:
         return fail("--gin_file is required, e.g. --gin_file=experiments/digits.gin")
+    from orbitask.trainers.distribution import platforms
+
+    try:
+        placement = platforms.detect()  # Vertex AI, Kubernetes, SageMaker, SLURM, or None
+    except ValueError as e:
+        return fail(e)
+    if placement is not None:
+        FLAGS.model_dir = FLAGS.model_dir or placement.model_dir
+        print(placement.describe(), flush=True)
     if not FLAGS.model_dir:
         return fail("--model_dir is required: where checkpoints and summaries go.")
     expand_home(FLAGS, "model_dir", "output_dir")
@@ -272,12 +281,19 @@ def main(argv: list[str]) -> int:
     def train() -> None:
         check_scheme(FLAGS.model_dir, "--model_dir")  # before any work
         check_scheme(FLAGS.output_dir, "--output_dir")
-        parse_gin(FLAGS.gin_file, [*FLAGS.gin_params, *bound])
+        asked = placement.bindings() if placement is not None else []
+        parse_gin(FLAGS.gin_file, [*asked, *FLAGS.gin_params, *bound])
         task = build_task()
         chosen = {"eval_checkpoint": FLAGS.checkpoint} if FLAGS.checkpoint else {}
         if FLAGS.output_dir:
             chosen["output_dir"] = FLAGS.output_dir
-        run_experiment(task=task, model_dir=FLAGS.model_dir, mode=FLAGS.mode, **chosen)
+        mode = FLAGS.mode
+        if placement is not None and placement.evaluator:  # Vertex AI's evaluator pool
+            os.environ.pop("TF_CONFIG", None)  # outside the training cluster: one machine
+            mode = "continuous_eval"  # its eval/ summaries under the TensorBoard folder
+            chosen["output_dir"] = FLAGS.output_dir or placement.summary_dir
+        results = run_experiment(task=task, model_dir=FLAGS.model_dir, mode=mode, **chosen)
+        platforms.deliver(placement, results)
 
     return run_reported(train)
 

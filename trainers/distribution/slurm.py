@@ -4,7 +4,8 @@ Under `srun` (one task per worker), `strategy = 'multi_worker_mirrored'` without
 the cluster with TensorFlow's `SlurmClusterResolver` from `SLURM_PROCID`,
 `SLURM_STEP_NUM_TASKS`, `SLURM_STEP_NODELIST` and `SLURM_STEP_TASKS_PER_NODE`: one `worker` per
 task, task 0 the chief, ports from `ORBITASK_SLURM_PORT` (default 8888) up on each node. It is
-written into TF_CONFIG, so everything that reads the cluster reads it the same way. On nodes
+written into TF_CONFIG (`platforms.use_cluster`), so everything that reads the cluster reads it
+the same way. On nodes
 with `nvidia-smi` each task gets its share of the node's GPUs (`CUDA_VISIBLE_DEVICES`).
 
 With `run_experiment.requeue = True`, a run stopped by a stop signal or its `max_time` asks SLURM
@@ -13,7 +14,6 @@ to requeue the job after its save (`requeue`: `scontrol requeue $SLURM_JOB_ID`, 
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -42,19 +42,6 @@ def tf_config() -> dict | None:
     )
     spec = resolver.cluster_spec().as_dict()
     return {"cluster": spec, "task": {"type": resolver.task_type, "index": resolver.task_id}}
-
-
-def use_slurm_cluster() -> bool:
-    """Sets TF_CONFIG from SLURM's environment when it is unset and a job step is running.
-    Eager, before the strategy is built; returns whether it did."""
-    if os.environ.get("TF_CONFIG"):
-        return False
-    config = tf_config()
-    if config is None:
-        return False
-    os.environ["TF_CONFIG"] = json.dumps(config)
-    logging.info("TF_CONFIG from SLURM: %s", os.environ["TF_CONFIG"])
-    return True
 
 
 def requeue() -> str:

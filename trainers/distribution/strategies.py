@@ -5,7 +5,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from orbitask.trainers import compat
-from orbitask.trainers.distribution import slurm
+from orbitask.trainers.distribution import platforms
 from orbitask.trainers.errors import ConfigError
 
 NAMES = ("auto", "one_device", "mirrored", "multi_worker_mirrored", "parameter_server")
@@ -17,9 +17,10 @@ def build_strategy(strategy: str | tf.distribute.Strategy = "auto") -> tf.distri
     `auto`: MirroredStrategy over all GPUs when there are several, else one device (GPU or CPU).
     `mirrored`: all GPUs, else all logical CPU devices (`trainers.logical_cpus`;
     `official.common.distribute_utils` would ignore logical CPUs). `one_device`: the first GPU,
-    else the CPU. `multi_worker_mirrored` reads TF_CONFIG, or SLURM's environment
-    (`trainers.distribution.slurm`). A `MirroredStrategy`, given or built, gets collective keys
-    no other strategy in the process uses (`compat.own_collective_keys`).
+    else the CPU. `multi_worker_mirrored` reads TF_CONFIG, or the cluster of the platform it
+    runs on (`trainers.distribution.platforms`: Vertex AI, Kubernetes, SageMaker, SLURM). A
+    `MirroredStrategy`, given or built, gets collective keys no other strategy in the process
+    uses (`compat.own_collective_keys`).
 
     Raises:
       ConfigError: for an unknown name, or parameter_server without a cluster in TF_CONFIG.
@@ -38,7 +39,7 @@ def _build(strategy: str) -> tf.distribute.Strategy:
         )
     # Multi-worker strategies must configure collectives before anything initialises TensorFlow.
     if strategy == "multi_worker_mirrored":
-        slurm.use_slurm_cluster()  # under srun without TF_CONFIG: the cluster from SLURM
+        platforms.use_cluster()  # without TF_CONFIG: from Vertex AI, Kubernetes, SageMaker, SLURM
         return tf.distribute.MultiWorkerMirroredStrategy()
     if strategy == "parameter_server":
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
