@@ -4,10 +4,13 @@
 
 Trains the experiment `--steps` steps on one device and on `--replicas` replicas (logical CPU
 devices without GPUs) with the same global batch, seed 0, and the gradient accumulation the gin
-files set, in temporary folders (nothing is written to any model directory of yours). Then it
-compares the weights (each variable's difference over how far training moved it) and the logged
-losses. Exit 0 when they agree within float rounding; otherwise exit 1, the variables that
-differ most, and the likely cause.
+files set, in temporary folders (nothing is written to any model directory of yours, and no
+line names them). Then it compares each variable (its difference over how far training moved
+it) and every log the step returns, by name, against tolerances measured on the run itself: a
+third run on one device, its inputs one float step away, shows how far rounding grows
+(`verify_compare`). Exit 0 when everything agrees; otherwise exit 1, the variables and logs that
+differ, and the causes the differences fit; when the weights differ, a fourth run, one device
+with its gradients times N, tells whether the loss is averaged per replica.
 """
 
 from __future__ import annotations
