@@ -1,4 +1,5 @@
-"""Input positions: bounded on disk for tf.data inputs, a few bytes and elastic for IndexedInput.
+"""Input positions: bounded on disk for tf.data inputs, a few bytes and elastic for IndexedInput;
+none for a Python generator's input (or with `keep_input_positions = 0`), which a resume restarts.
 
 `SeenCounts` writes how often each example was trained on into its weights (the loss is the sum
 of one embedding row per example, SGD with the global batch as learning rate), so a run's final
@@ -17,7 +18,7 @@ from orbitask import DigitsClassification, IndexedInput, Task
 from orbitask.trainers import run_experiment
 from orbitask.trainers.engine import inputs
 from orbitask.trainers.state import input_position
-from tests.helpers import TinyTask
+from tests.helpers import LinearTask, TinyTask
 
 N = 48  # examples per epoch
 BATCH = 8
@@ -213,3 +214,54 @@ def test_a_tf_data_position_saved_by_another_number_of_workers_restarts_the_inpu
     out = capsys.readouterr().out
     assert "the training input restarts from its beginning at step 4" in out
     assert "saved by 2 input pipelines (workers) and this job has 1" in out
+
+
+class FromGenerator(LinearTask):
+    """`LinearTask` on rows `(i, 1)` read from a Python generator, in order, forever: `w[1]`
+    moves by the learning rate each step, `w[0]` by it times the mean row index of the batch."""
+
+    def __init__(self):
+        super().__init__(np.stack([np.arange(N), np.ones(N)], axis=1), clip_norm=None)
+
+    def build_inputs(self, per_replica_batch_size, input_context=None, training=True):
+        x, m = self.x, self.m
+
+        def rows():
+            while True:
+                yield from zip(x, m, strict=True)
+
+        spec = (tf.TensorSpec((2,), tf.float32), tf.TensorSpec((), tf.float32))
+        dataset = tf.data.Dataset.from_generator(rows, output_signature=spec)
+        return dataset.batch(per_replica_batch_size, drop_remainder=True)
+
+    def build_model(self):
+        self.model = super().build_model()
+        return self.model
+
+
+@pytest.mark.parametrize("keep", [3, 0])
+def test_a_generator_input_trains_and_a_resume_restarts_it(tmp_path, capsys, keep):
+    def train(steps):
+        task = FromGenerator()
+        settings = dict(global_batch_size=BATCH, steps_per_loop=2, checkpoint_interval=2)
+        run_experiment(task, str(tmp_path), mode="train", train_steps=steps, progress=False,
+                       keep_input_positions=keep, **settings)  # fmt: skip
+        return task.model.weights[0].numpy()[:, 0]
+
+    train(4)
+    out = capsys.readouterr().out
+    unsaved = "FromGenerator.build_inputs(training=True) reads a Python function (PyFunc"
+    assert (unsaved in out) == (keep > 0)  # with 0 nothing is saved: no check, no line
+    if keep:
+        assert "a resume restarts the training input from its beginning" in out
+    assert not input_position.steps_with_positions(str(tmp_path / "input"))
+    w = train(6)
+    out = capsys.readouterr().out
+    restart = [
+        line for line in out.splitlines() if "restarts from its beginning at step 4: " in line
+    ]
+    why = unsaved if keep else "run_experiment.keep_input_positions is 0, so no input position"
+    assert len(restart) == 1 and why in restart[0], out
+    # Steps 1-4 read rows 0-31, and the resumed steps 5-6 rows 0-15 again (mean row indices
+    # 3.5, 11.5, 19.5, 27.5, then 3.5, 11.5); each step moves w[1] by the learning rate.
+    assert w[0] / w[1] == pytest.approx((3.5 + 11.5 + 19.5 + 27.5 + 3.5 + 11.5) / 6)

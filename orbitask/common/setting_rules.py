@@ -98,7 +98,7 @@ RULES: Mapping[str, Rule] = {
     "run_experiment.checkpoint_interval": POSITIVE_INT.or_none(),
     "run_experiment.checkpoint_seconds": POSITIVE_NUMBER.or_none(),
     "run_experiment.max_to_keep": POSITIVE_INT.or_none(),
-    "run_experiment.keep_input_positions": POSITIVE_INT,
+    "run_experiment.keep_input_positions": NON_NEGATIVE_INT,
     "run_experiment.train_prefetch": POSITIVE_INT.or_none(),
     "run_experiment.train_prefetch_bytes": POSITIVE_INT.or_none(),
     "run_experiment.async_checkpoints": BOOL,

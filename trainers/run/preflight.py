@@ -11,6 +11,7 @@ import re
 from typing import Any
 
 import tensorflow as tf
+from absl import logging
 
 from orbitask.common import keras_compat
 from orbitask.common.errors import one_line
@@ -180,7 +181,7 @@ def checked_train_input(task: Any, strategy: Any, train_input: Any, objects: Tra
     model, replicas = objects.model, strategy.num_replicas_in_sync
     check_built_in_scope(task, model, strategy)
     if isinstance(train_input, IteratorInput):
-        check_checkpointable_input(task, train_input.iterator)
+        check_checkpointable_input(task, train_input)
     spec, per_replica = train_input.element_spec, objects.global_batch_size // replicas
     with dry_step.taken_back(task, model, objects.loss_fn):
         check_inputs(task, spec, objects, replicas)
@@ -264,27 +265,54 @@ def check_finite_eval(task: Any, dataset: Any, eval_steps: int | None) -> None:
         )
 
 
-def check_checkpointable_input(task: Any, iterator: Any) -> None:
-    """Refuses a training input whose position a checkpoint cannot hold. Eager; returns None.
+def check_checkpointable_input(task: Any, train_input: IteratorInput) -> None:
+    """Refuses a training input whose position a checkpoint cannot hold, unless the run keeps
+    none (`keep_input_positions` 0) or it reads a Python function. Eager; returns None.
 
-    tf.data cannot save an iterator over a pipeline with a stateful op (e.g. `tf.random.uniform`
-    or `tf.image.random_flip_left_right` in a `map`); without this check the first checkpoint
-    would fail with a long traceback after `checkpoint_interval` steps. Saving the fresh
-    iterator into memory (no buffer is filled yet) takes tens of milliseconds, once.
+    tf.data cannot save an iterator over a pipeline with a stateful op; without this check the
+    first checkpoint would fail with a long traceback after `checkpoint_interval` steps. Saving
+    the fresh iterator into memory (no buffer is filled yet) takes tens of milliseconds, once.
+    A pipeline reading a Python function (`Dataset.from_generator`, `tf.py_function`,
+    `tf.numpy_function`) trains with its position unsaved (`IteratorInput.leave_unsaved`): one
+    line says that a resume restarts it.
 
     Raises:
-      ConfigError: naming the stateful op and the stateless replacement.
+      ConfigError: naming any other stateful op and the stateless replacement.
     """
-    if not isinstance(iterator, tf.data.Iterator):
-        return  # parameter_server: per-worker iterators, not checkpointed
+    iterator = train_input.iterator
+    if train_input.keep == 0 or not isinstance(iterator, tf.data.Iterator):
+        return  # no position saved; parameter_server: per-worker iterators, not checkpointed
     try:
         inputs.probe_save(iterator)
     except tf.errors.FailedPreconditionError as e:
         found = re.search(r"(\w+) is stateful", str(e))
         op = found.group(1) if found else "a stateful op"
+        where = f"{type(task).__name__}.build_inputs(training=True)"
+        if op in PYTHON_FUNCTIONS:
+            _leave_unsaved(train_input, where, op)
+            return
         raise ConfigError(
-            f"{type(task).__name__}.build_inputs(training=True) uses {op}, a stateful op, so "
-            "checkpoints cannot save the input position; use stateless random ops in its map "
-            "(tf.random.stateless_uniform, tf.image.stateless_random_flip_left_right, ...) with "
-            "seeds from tf.data.Dataset.random() zipped in."
+            f"{where} uses {op}, a stateful op, so checkpoints cannot save the input position; "
+            "use stateless random ops in its map (tf.random.stateless_uniform, "
+            "tf.image.stateless_random_flip_left_right, ...) with seeds from "
+            "tf.data.Dataset.random() zipped in, or return an orbitask.IndexedInput."
         ) from e
+
+
+# The ops of `Dataset.from_generator` and `tf.numpy_function` (PyFunc) and of `tf.py_function`.
+PYTHON_FUNCTIONS = ("PyFunc", "EagerPyFunc")
+
+
+def _leave_unsaved(train_input: IteratorInput, where: str, op: str) -> None:
+    """Trains `train_input` with no saved position, said in one line (and in the log)."""
+    reason = (
+        f"{where} reads a Python function ({op}: Dataset.from_generator, tf.py_function or "
+        "tf.numpy_function), whose position no checkpoint can hold"
+    )
+    train_input.leave_unsaved(reason)
+    message = (
+        f"{reason}: a resume restarts the training input from its beginning (an "
+        "orbitask.IndexedInput resumes exactly)."
+    )
+    logging.warning(message)
+    print(f"orbitask: warning: {message}", flush=True)

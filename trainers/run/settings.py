@@ -86,7 +86,8 @@ class CheckpointSettings:
         into a fresh run (never the optimizer, step or input position), or None.
       keep_input_positions: how many of the newest checkpoints keep a `tf.data` input's
         position (its iterator state, one file per worker, under `input/`); resuming from an
-        older one restarts the input from its beginning.
+        older one restarts the input from its beginning. 0: none is kept (a pipeline whose
+        position cannot be saved, e.g. `Dataset.from_generator`, then needs no check).
       train_prefetch: a training pipeline ending in `prefetch(tf.data.AUTOTUNE)` prefetches
         this many steps' elements instead (each step's: one per replica, or K per replica with
         gradient accumulation), more while they hold under 1 MiB (up to 32 steps': fast steps

@@ -13,7 +13,9 @@ saved value is a small JSON record; what it points to depends on the input:
   A pipeline with a reshuffling `shuffle` also writes its seed generators' position beside it
   (`trainers.state.shuffle_seeds`).
   Restoring a checkpoint whose position was not kept, or one saved by another number of workers,
-  restarts the input from its beginning and says so.
+  restarts the input from its beginning and says so. With `keep` 0, or a pipeline whose position
+  no checkpoint can hold (a Python generator: `leave_unsaved`), no position is written and every
+  restore restarts the input.
 - `IndexedInput` (`tasks.indexed_input`): the record is the count of global examples taken. A
   restore rebuilds the pipeline from there, on any number of workers or replicas.
 - Parameter-server `tf.data` input: per-worker iterators cannot be saved; a restore restarts the
@@ -173,7 +175,7 @@ class IteratorInput(TrainInput):
       rebuild: returns a fresh iterator over the same pipeline (a restart from its beginning).
       model_dir: the run's model directory (shared by every worker).
       worker, workers: this worker's input pipeline index and the number of pipelines.
-      keep: input positions kept (newest steps).
+      keep: input positions kept (newest steps); 0: none (a restore restarts the input).
     """
 
     style = "iterator"
@@ -195,6 +197,13 @@ class IteratorInput(TrainInput):
         self.directory = os.path.join(model_dir, "input")
         self.worker, self.workers, self.keep = worker, workers, keep
         self._written: str | None = None
+        # Why no position is written (`keep` 0), said when a restore restarts the input.
+        self.unsaved = "run_experiment.keep_input_positions is 0" if keep == 0 else None
+
+    def leave_unsaved(self, reason: str) -> None:
+        """From now on no position is written, and a restore restarts the input, saying
+        `reason` (why the pipeline's position cannot be saved). Eager."""
+        self.keep, self.unsaved = 0, reason
 
     def path(self, step: int, worker: int | None = None, workers: int | None = None) -> str:
         worker = self.worker if worker is None else worker
@@ -204,7 +213,9 @@ class IteratorInput(TrainInput):
     def record(self, step: int) -> dict:
         record = super().record(step)
         path = self.path(step)
-        if path != self._written:  # a best export saves the same step again
+        if self.keep == 0:
+            self._prune()  # positions an earlier start kept
+        elif path != self._written:  # a best export saves the same step again
             start = time.perf_counter()
             try:
                 seeds = ShuffleSeeds.of(self.iterator)
@@ -248,6 +259,9 @@ class IteratorInput(TrainInput):
     def restore(self, record: dict) -> None:
         step = int(record["step"])
         path = self.path(step)
+        if self.unsaved is not None:
+            self._restart(step, f"{self.unsaved}, so no input position is saved")
+            return
         if record.get("style") != self.style:
             reason = "it was saved for another kind of input"
         elif int(record.get("workers", 1)) != self.workers:
@@ -269,11 +283,14 @@ class IteratorInput(TrainInput):
                 reason = f"{path} is unreadable ({type(e).__name__})"
                 if self._strict:
                     raise UnreadablePosition(reason) from e
-        self.replace(self.rebuild())
-        _say(
-            f"the training input restarts from its beginning at step {step}: {reason} "
-            "(run_experiment.keep_input_positions sets how many are kept)."
+        self._restart(
+            step, f"{reason} (run_experiment.keep_input_positions sets how many are kept)"
         )
+
+    def _restart(self, step: int, reason: str) -> None:
+        """A fresh iterator from the pipeline's beginning, at `step`, said with `reason`."""
+        self.replace(self.rebuild())
+        _say(f"the training input restarts from its beginning at step {step}: {reason}.")
 
 
 class IndexedTrainInput(TrainInput):
