@@ -141,6 +141,30 @@ def test_nothing_set_is_one_machine_and_the_final_savedmodel_is_copied(tmp_path)
     assert platforms.deliver(placement, {}) is None  # no export: a worker other than the chief
 
 
+def test_a_vertex_evaluator_evaluates_into_the_tensorboard_folder(tmp_path, monkeypatch, capsys):
+    """In-process binary: a run trains to step 20 in AIP_CHECKPOINT_DIR; the evaluator replica
+    (TF_CONFIG's task type `evaluator`, no --model_dir, --mode=train as the other pools) runs
+    `continuous_eval` on one machine, its eval/ summaries under AIP_TENSORBOARD_LOG_DIR."""
+    from orbitask.trainers.commands import train
+
+    checkpoints, logs = tmp_path / "checkpoints", tmp_path / "logs"
+    flags = [f"--gin_file={faults.REPO / 'experiments' / 'digits.gin'}", "--mode=train"] + [
+        f"--gin_params={p}"
+        for p in ("TRAIN_STEPS=20", "orbitask.run_experiment.steps_per_loop=10",
+                  "orbitask.run_experiment.progress=False",
+                  "orbitask.DigitsClassification.hidden_units=(8,)")
+    ]  # fmt: skip
+    assert train.main([*flags, f"--model_dir={checkpoints}"]) == 0
+    evaluator = dict(VERTEX_TF_CONFIG, task={"type": "evaluator", "index": 0})
+    monkeypatch.setenv("TF_CONFIG", json.dumps(evaluator))
+    monkeypatch.setenv("AIP_CHECKPOINT_DIR", str(checkpoints))
+    monkeypatch.setenv("AIP_TENSORBOARD_LOG_DIR", str(logs))
+    assert train.main(flags) == 0
+    assert "orbitask: on Vertex AI: evaluator, model directory" in capsys.readouterr().out
+    assert "TF_CONFIG" not in os.environ  # outside the training cluster: one machine
+    assert launching.eval_scalars(logs, "loss").keys() == {20}
+
+
 def _two_free_ports() -> int:
     for _ in range(50):
         with socket.socket() as a, socket.socket() as b:

@@ -64,6 +64,7 @@ class Placement:
         """One line saying where the job runs."""
         task = (self.tf_config or {}).get("task", {})
         role = f"{task['type']} {task['index']}" if task else "one machine"
+        role = "evaluator" if self.evaluator else role
         return f"orbitask: on {self.platform}: {role}" + (
             f", model directory {self.model_dir}" if self.model_dir else ""
         )
