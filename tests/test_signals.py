@@ -3,6 +3,7 @@
 SIGTERMs during the save and the shutdown keep exit 75. The real binary, in a subprocess."""
 
 import itertools
+import json
 import os
 import random
 import re
@@ -195,11 +196,15 @@ def test_train_and_eval_saves_after_the_evaluation_and_resumes_exactly(tmp_path,
 
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
-def test_sigterm_after_an_earlier_interval_save_saves_the_stop_step(tmp_path, stop):
+def test_sigterm_after_an_earlier_interval_save_saves_the_stop_step(tmp_path, monkeypatch, stop):
     """In-process: an interval save at step 5, then SIGTERM (or SIGHUP: a closed terminal)
     during step 7's loop. The newest checkpoint holds step 5, so the stop saves ckpt-7 and names
-    it; the binary's status is 75 and a repeated signal is ignored."""
+    it; the binary's status is 75 and a repeated signal is ignored. (SIGHUP's turn from a
+    closed terminal, which would also silence `pytest -s` here: the slow test below.)"""
     from orbitask.trainers import run_experiment
+    from orbitask.trainers.actions import preemption
+
+    monkeypatch.setattr(preemption, "_leave_closed_terminal", lambda: None)
     from orbitask.trainers.commands.exits import EXIT_PREEMPTED, exit_status
     from orbitask.trainers.errors import Preempted
     from tests.helpers import TinyTask
@@ -343,3 +348,46 @@ def test_the_agreed_signal_decides_where_it_differs_from_a_workers_own():
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
+
+
+@pytest.mark.slow
+def test_a_closed_terminal_stops_saves_and_exits_75(tmp_path):
+    """The binary on a terminal (a pty) that closes under it, as an ssh session that drops: its
+    SIGHUP stops the run after the device loop under way, which saves and exits 75, although
+    print_loss and the progress display write to that terminal (a write to it fails)."""
+    import pty
+    import select
+
+    model_dir = tmp_path / "run"
+    cmd = faults.command(model_dir, steps=100_000, extra=["orbitask.run_experiment.progress=True"])
+    pid, terminal = pty.fork()
+    if pid == 0:  # the child: the binary on the pty, its controlling terminal
+        try:
+            os.chdir(faults.REPO)
+            os.execve(cmd[0], cmd, faults.env())
+        finally:
+            os._exit(127)  # never back into pytest
+    deadline = time.monotonic() + TIMEOUT
+    try:
+        while time.monotonic() < deadline:  # read what it writes, until a checkpoint exists
+            if select.select([terminal], [], [], 0.5)[0]:
+                os.read(terminal, 65536)
+            latest = tf.train.latest_checkpoint(str(model_dir))
+            if latest and int(latest.rsplit("-", 1)[1]) >= 20:
+                break
+        else:
+            pytest.fail("no checkpoint while training on a terminal")
+    finally:
+        os.close(terminal)  # the terminal closes: the kernel sends SIGHUP
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.2)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        pytest.fail("the run went on after its terminal closed")
+    assert os.waitstatus_to_exitcode(status) == 75
+    (entry,) = json.loads((model_dir / "run.json").read_text())
+    assert entry["ended"] == "Preempted"
+    assert tf.train.latest_checkpoint(str(model_dir)).endswith(f"ckpt-{entry['end_step']}")

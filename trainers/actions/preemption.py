@@ -8,8 +8,10 @@ more device loop and its save would not fit; with `requeue` the chief of a SLURM
 SLURM to requeue it (`distribution.slurm.requeue`), after the save.
 
 Schedulers and spot machines send SIGTERM before killing a job; a closed terminal (an ssh session
-that drops) sends SIGHUP, which stops and saves as SIGTERM does. Python runs signal handlers only
-between device loops (the main thread is inside TensorFlow during one), so a run stops at most one
+that drops) sends SIGHUP, which stops and saves as SIGTERM does; stdout and stderr that were
+that terminal (character devices) then go to /dev/null, as a write to a closed terminal fails.
+Python runs signal handlers only between device loops (the main thread is inside TensorFlow
+during one), so a run stops at most one
 device loop after the signal: `steps_per_loop` train steps (about a second where quick loops have
 grown, `loop_seconds`), or the evaluation's loop of steps under way. A run that trains saves a
 checkpoint of that step first; the evaluation modes (`eval`, `continuous_eval`) write none, and
@@ -34,7 +36,9 @@ further SIGINT (a second Ctrl-C) ends the process at once (`SIG_DFL`), the save 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import stat
 import threading
 from collections.abc import Callable, Iterator
 
@@ -63,6 +67,20 @@ def stop_signals(names) -> tuple[signal.Signals, ...]:
 
 
 CODES = codes_of(STOP_SIGNALS)
+
+
+def _leave_closed_terminal() -> None:
+    """Points stdout and stderr, where they are character devices (a terminal that SIGHUP says
+    closed, or /dev/null), at /dev/null: a write to a closed terminal raises EIO, which would
+    stop the run before its save. Eager, in the signal handler; returns None."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in (1, 2):
+            with contextlib.suppress(OSError):
+                if stat.S_ISCHR(os.fstat(fd).st_mode):
+                    os.dup2(null, fd)
+    finally:
+        os.close(null)
 
 
 class _SignalDuringWait(BaseException):
@@ -128,6 +146,8 @@ class PreemptionWatcher:
 
     def _handle(self, signum, frame):
         del frame
+        if signum == signal.SIGHUP:
+            _leave_closed_terminal()
         self._stopping(signum)
         if self._waiting:
             self._waiting = False
