@@ -197,7 +197,7 @@ def test_the_worst_variable_named_is_the_one_furthest_past_its_tolerance():
         }
     )
     agree, lines = verify.report(one, many, tol, None, 2, 3)
-    assert not agree
+    assert not agree and tol.measured and "the floors" not in lines[1]
     assert "weights: largest difference 0.01 of training's change (1:dense/bias)" in lines[2]
     listed = lines[lines.index(next(x for x in lines if x.startswith("variables"))) + 1 :]
     assert [x.split()[0] for x in listed[:3]] == [
@@ -250,6 +250,11 @@ def test_batchnorm_is_a_cause_only_when_not_synchronized_and_the_first_step_diff
 
 def test_a_per_replica_mean_is_named_only_when_the_scaled_run_matches():
     tol = compare.tolerance(_trained({}), _trained({}))
+    assert not tol.measured and tol.variable("0:dense/kernel") == compare.WEIGHTS_FLOOR
+    assert (
+        "no floating tf.data input): the floors"
+        in verify.report(*[_trained({})] * 2, tol, None, 2, 3)[1][1]
+    )
     many = _trained({"0:dense/kernel": BASE["0:dense/kernel"] + 0.1})
     like_many = _trained({"0:dense/kernel": BASE["0:dense/kernel"] + 0.1})
     unlike = _trained({"0:dense/kernel": BASE["0:dense/kernel"] + 0.3})

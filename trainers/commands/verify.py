@@ -68,7 +68,8 @@ def report(one, many, tol, scaled, replicas: int, steps: int) -> tuple[bool, lis
     lines = [
         f"{steps} steps on one device and on {replicas} replicas (same global batch, seed 0)",
         f"tolerance: {compare.FACTOR:g}x the differences one device's run shows when its "
-        "inputs move by one float step (the rounding any other order of sums leaves)",
+        "inputs move by one float step (the rounding any other order of sums leaves)"
+        + ("" if tol.measured else "; they move nothing (no floating tf.data input): the floors"),
         f"weights: largest difference {worst.relative:.2g} of training's change "
         f"({worst.name}); its tolerance {tol.variable(worst.name):.2g}",
         "logs (largest difference over the log's largest value; tolerance): "

@@ -38,6 +38,7 @@ class Tolerance:
 
     weights: dict[str, float]
     logs: dict[str, float]
+    measured: bool = True  # False: the nudged run equals one device's (no floating input)
 
     def variable(self, name: str) -> float:
         """The tolerance of the variable `name` (the floor for one the nudged run lacks)."""
@@ -94,8 +95,10 @@ def tolerance(one: Trained, nudged: Trained) -> Tolerance:
     at least the floors."""
     rows = variable_differences(one, nudged)
     weights = {r.name: max(FACTOR * r.relative, WEIGHTS_FLOOR) for r in rows}
-    logs = {k: max(FACTOR * v, LOGS_FLOOR) for k, v in log_differences(one, nudged).items()}
-    return Tolerance(weights, logs)
+    found = log_differences(one, nudged)
+    logs = {k: max(FACTOR * v, LOGS_FLOOR) for k, v in found.items()}
+    measured = any(r.relative > 0 for r in rows) or any(v > 0 for v in found.values())
+    return Tolerance(weights, logs, measured)
 
 
 def failing_logs(one: Trained, many: Trained, tol: Tolerance) -> dict[str, float]:
