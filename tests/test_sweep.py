@@ -154,9 +154,9 @@ def _run(cmd, timeout=600) -> subprocess.CompletedProcess:
     )
 
 
-def _kill_in_trial(cmd, folder, number, timeout=400) -> str:
-    """Starts the sweep, waits until trial `number` saved its step-20 checkpoint, SIGKILLs it;
-    returns its output."""
+def _stop_in_trial(cmd, folder, number, sig=signal.SIGKILL, timeout=400) -> tuple[int, str]:
+    """Starts the sweep, waits until trial `number` saved its step-20 checkpoint, sends `sig`;
+    returns its exit status and output."""
     proc = subprocess.Popen(
         cmd, cwd=faults.REPO, env=faults.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, start_new_session=True,
@@ -168,20 +168,30 @@ def _kill_in_trial(cmd, folder, number, timeout=400) -> str:
             assert proc.poll() is None, proc.stdout.read()
             assert time.monotonic() < deadline, "trial never reached step 20"
             time.sleep(0.05)
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
+        os.killpg(proc.pid, sig)
+        proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    return proc.stdout.read()
+    return proc.returncode, proc.stdout.read()
+
+
+def _starts(trial_dir) -> list[dict]:
+    """run.json's entry of each start of a trial's run."""
+    return json.loads((trial_dir / "run.json").read_text())
 
 
 @pytest.mark.slow
 def test_a_sweep_killed_inside_a_trial_resumes_that_trial_and_counts_it_once(tmp_path):
     folder = tmp_path / "sweep"
-    before = _kill_in_trial(_command(folder), folder, 2)
-    assert "trial 2 started" in before, before
+    # SIGTERM inside trial 1: stopped as a preemption (saved, exit 75), the trial left running.
+    status, first = _stop_in_trial(_command(folder), folder, 1, signal.SIGTERM)
+    assert status == 75 and "orbitask: preempted" in first, first
+    assert _study(folder).get_trials()[1].state == optuna.trial.TrialState.RUNNING
+    # SIGKILL inside trial 2, after trial 1 was resumed and finished.
+    _, before = _stop_in_trial(_command(folder), folder, 2)
+    assert "trial 1 resumed in" in before and "trial 2 started" in before, before
     kept = _study(folder).get_trials()[2]
     assert kept.state == optuna.trial.TrialState.RUNNING
     again = _run(_command(folder))
@@ -191,10 +201,12 @@ def test_a_sweep_killed_inside_a_trial_resumes_that_trial_and_counts_it_once(tmp
     assert [t.number for t in trials] == [0, 1, 2, 3]
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
     assert trials[2].params == kept.params
+    for number in (1, 2):
+        starts = _starts(folder / f"trial-{number}")
+        assert [s["start_step"] >= 20 for s in starts] == [False, True], (number, starts)
+        assert starts[-1]["ended"] == "finished"
     # Trial 2 went on from its checkpoint with the same values, each step evaluated once.
-    starts = json.loads((folder / "trial-2" / "run.json").read_text())
-    assert [s["start_step"] for s in starts][0] == 0 and starts[-1]["start_step"] >= 20, starts
-    assert len(starts) == 2 and starts[-1]["ended"] == "finished"
+    starts = _starts(folder / "trial-2")
     lr = repr(kept.params["orbitask.run_experiment.learning_rate"])
     assert all(f"run_experiment.learning_rate = {lr}\n" in s["bindings"] for s in starts)
     rows = metrics_file.read(str(folder / "trial-2" / "metrics.jsonl"))
