@@ -111,9 +111,9 @@ def of_run(
     """The `Best` of a run in `model_dir` whose process made `evaluations` (`(step, logs)`);
     a `training` run's `metrics.jsonl` holds them all. `checkpoints` maps the step of each saved
     checkpoint evaluated to its path (eval_all). Eager; None when nothing ranked was evaluated."""
-    path = os.path.join(model_dir, metrics_file.NAME)
-    if training and checkpoints is None and files.exists(path):
-        evaluations = evaluations_of(metrics_file.read(path)) or evaluations
+    if training and checkpoints is None:  # `read` joins the segments of object storage
+        rows = metrics_file.read(os.path.join(model_dir, metrics_file.NAME))
+        evaluations = evaluations_of(rows) or evaluations
     names = {name for _, logs in evaluations for name in logs}
     rule = ranked(names, control)
     found = pick(evaluations, *rule) if rule else None
