@@ -231,7 +231,9 @@ class WandbLogger(Logger):
         )  # fmt: skip
         if resumed and self.kept is not None:
             last = self.run.summary.get("_step")  # the last step W&B's server holds, if any
-            for step, split, values in wandb_records.missing(model_dir, run_id, self.kept, last):
+            root = os.path.dirname(os.path.dirname(os.path.dirname(self.run.dir)))  # of wandb/
+            found = wandb_records.missing(model_dir, run_id, self.kept, last, root)
+            for step, split, values in found:
                 self.write(step, split, values)
 
     def write(self, step: int, split: str, scalars: Mapping[str, float]) -> None:

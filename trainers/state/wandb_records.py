@@ -87,12 +87,14 @@ def history_steps(folder: str, run_id: str) -> set[int]:
     return steps
 
 
-def missing(folder: str, run_id: str, kept: tuple[int, int], last: Any = None) -> Iterator:
+def missing(
+    folder: str, run_id: str, kept: tuple[int, int], last: Any = None, root: str | None = None
+) -> Iterator:
     """The rows of `folder/metrics.jsonl` a resumed W&B run `run_id` logs again, as
     `(step, split, scalars)`: those up to the checkpoint's steps (`kept`: train, eval) at a
-    step that neither the run's offline files hold nor its server (`last`: the run's last
-    `_step` there, or None)."""
-    held = history_steps(folder, run_id)
+    step that neither the run's offline files (under `root/wandb`, `root` default `folder`)
+    hold nor its server (`last`: the run's last `_step` there, or None)."""
+    held = history_steps(root or folder, run_id)
     for row in metrics_file.read(f"{folder.rstrip('/')}/{metrics_file.NAME}"):
         step, split = int(row["step"]), str(row["split"])
         if step in held or (isinstance(last, int) and step <= last):
