@@ -33,6 +33,8 @@ ALLOWED = {
     ("trainers/commands/scaffold.py", "scaffold"): "a new task's files in the working directory",
     ("trainers/commands/scaffold.py", "main"): "a new task's files in the working directory",
     ("trainers/commands/network.py", "loopback_only"): "/proc of this process",
+    ("trainers/actions/preemption.py", "_leave_closed_terminal"): "/dev/null for a closed "
+    "terminal's output",
     ("trainers/distribution/slurm.py", "tf_config"): "shutil.which: a program on this host",
     ("trainers/distribution/platforms.py", "deliver"): "relpath of two paths of one gfile walk "
     "(a scheme is mangled alike in both)",
@@ -46,9 +48,9 @@ ALLOWED = {
     ("trainers/commands/compare.py", "names"): "local runs' names (is_local first)",
     ("trainers/commands/compare.py", "common_folder"): "local runs' folder (is_local first)",
     ("trainers/commands/sweep.py", "_processes"): "a sweep's folder: SQLite and flock, local",
-    ("trainers/sweeps/study.py", "open_study"): "a sweep's SQLite file, local",
-    ("trainers/sweeps/study.py", "claims"): "a sweep's flock, local or NFS",
-    ("trainers/sweeps/sweeping.py", "__init__"): "a sweep folder's name (a local folder)",
+    ("trainers/commands/sweeps/study.py", "open_study"): "a sweep's SQLite file, local",
+    ("trainers/commands/sweeps/study.py", "claims"): "a sweep's flock, local or NFS",
+    ("trainers/commands/sweeps/sweeping.py", "__init__"): "a sweep folder's name (a local folder)",
 }
 
 

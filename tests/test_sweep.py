@@ -15,8 +15,8 @@ import tensorflow as tf
 from orbitask.trainers.commands import cli
 from orbitask.trainers.errors import ConfigError
 from orbitask.trainers.state import metrics_file
-from orbitask.trainers.sweeps import params, study, sweeping
-from orbitask.trainers.sweeps import trial as trial_lib
+from orbitask.trainers.commands.sweeps import params, study, sweeping
+from orbitask.trainers.commands.sweeps import trial as trial_lib
 from tests import faults
 
 GIN = [

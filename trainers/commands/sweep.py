@@ -91,7 +91,7 @@ def main(argv: list[str]) -> int:
     folder = os.path.expanduser(FLAGS.model_dir)
     if FLAGS.processes > 1:
         return _processes(argv, FLAGS.processes, folder)
-    from orbitask.trainers.sweeps import sweeping
+    from orbitask.trainers.commands.sweeps import sweeping
 
     def work() -> None:
         sweep = sweeping.Sweep(
