@@ -13,10 +13,10 @@ import pytest
 import tensorflow as tf
 
 from orbitask.trainers.commands import cli
-from orbitask.trainers.errors import ConfigError
-from orbitask.trainers.state import metrics_file
 from orbitask.trainers.commands.sweeps import params, study, sweeping
 from orbitask.trainers.commands.sweeps import trial as trial_lib
+from orbitask.trainers.errors import ConfigError
+from orbitask.trainers.state import metrics_file
 from tests import faults
 
 GIN = [

@@ -323,7 +323,7 @@ def main(argv: list[str]) -> int:
             text = report(runs[0], FLAGS.output, FLAGS.metric)
         else:
             text = compare.report_runs(runs, FLAGS.output, FLAGS.metric)
-        from orbitask.trainers.commands.sweeps import study  # a sweep's folder: its best trial first
+        from orbitask.trainers.commands.sweeps import study  # a sweep's best trial first
 
         text = "".join(f"{line}\n" for line in study.report_lines(FLAGS.model_dir)) + text
     except (ReportError, flags.Error) as e:

@@ -13,11 +13,11 @@ import os
 from typing import Any
 
 from orbitask.common import files
-from orbitask.trainers.errors import ConfigError, Interrupted, Preempted
-from orbitask.trainers.run import best, messages
 from orbitask.trainers.commands.sweeps import params as params_lib
 from orbitask.trainers.commands.sweeps import study as study_lib
 from orbitask.trainers.commands.sweeps import trial as trial_lib
+from orbitask.trainers.errors import ConfigError, Interrupted, Preempted
+from orbitask.trainers.run import best, messages
 
 
 class Sweep:
