@@ -197,3 +197,15 @@ def test_a_scheme_tensorflow_does_not_know_is_refused_before_any_work(flag, caps
     assert "mount" in err[0] and "sync folder" in err[0] and "local directory" in err[0]
     with pytest.raises(ConfigError, match="no file system for s3://"):
         run_experiment(DiesAt(), "s3://bucket/run", **SETTINGS)
+
+
+def test_report_refuses_a_scheme_tensorflow_does_not_know_and_expands_home(capsys, tmp_path):
+    assert report.main(["--model_dir=s3://bucket/run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--model_dir 's3://bucket/run'" in err[0] and "mount" in err[0]
+    os.environ["HOME"], home = str(tmp_path), os.environ["HOME"]
+    try:
+        assert report.main(["--model_dir=~/missing"]) == 2
+    finally:
+        os.environ["HOME"] = home
+    assert f"{tmp_path}/missing" in capsys.readouterr().err

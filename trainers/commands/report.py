@@ -22,6 +22,7 @@ import numpy as np
 from absl import flags
 
 from orbitask.common import files
+from orbitask.common.errors import ConfigError
 from orbitask.trainers.state import metrics_file
 
 FLAGS = flags.FlagValues()
@@ -316,6 +317,12 @@ def main(argv: list[str]) -> int:
             raise ReportError(f"unexpected argument(s) {' '.join(rest)}; use --model_dir=DIR.")
         if not FLAGS.model_dir:
             raise ReportError("--model_dir is required: the directory of the run to report.")
+        FLAGS.model_dir = [os.path.expanduser(path) for path in FLAGS.model_dir]
+        for path in FLAGS.model_dir:
+            files.check_scheme(path, "--model_dir")  # before any work
+        if FLAGS.output:
+            FLAGS.output = os.path.expanduser(FLAGS.output)
+            files.check_scheme(FLAGS.output, "--output")
         from orbitask.trainers.commands import compare
 
         runs = compare.find_runs(FLAGS.model_dir)
@@ -326,7 +333,7 @@ def main(argv: list[str]) -> int:
         from orbitask.trainers.commands.sweeps import study  # a sweep's best trial first
 
         text = "".join(f"{line}\n" for line in study.report_lines(FLAGS.model_dir)) + text
-    except (ReportError, flags.Error) as e:
+    except (ReportError, ConfigError, flags.Error) as e:
         print(f"orbitask: error: {e}", file=sys.stderr)
         return 2
     print(text)
