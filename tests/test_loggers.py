@@ -168,8 +168,13 @@ def test_a_built_in_logger_that_cannot_start_is_named_in_one_line(tmp_path, monk
     monkeypatch.setenv("WANDB_API_KEY", "")
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("WANDB_INIT_TIMEOUT", "5")
-    with pytest.raises(orbitask.ConfigError) as refused:
-        _run(DiesAt(), tmp_path, loggers=["tensorboard", "wandb"])
+    import wandb
+
+    try:
+        with pytest.raises(orbitask.ConfigError) as refused:
+            _run(DiesAt(), tmp_path, loggers=["tensorboard", "wandb"])
+    finally:
+        wandb.teardown()  # W&B keeps its settings per process: online, without a key
     message = str(refused.value).splitlines()[0]  # (gin adds a line naming run_experiment)
     assert message.startswith("the logger 'wandb' cannot start: "), message
     assert message.endswith("(or remove 'wandb' from orbitask.run_experiment.loggers)")

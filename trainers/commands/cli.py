@@ -14,6 +14,7 @@ Each subcommand is a module with `main(argv) -> exit status`, imported only when
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 from orbitask.trainers.commands.exits import interruptible
@@ -57,7 +58,7 @@ def main(argv: list[str]) -> int:
         print(usage())
         return 0
     name = "train"
-    if argv and not argv[0].startswith("-"):
+    if argv and not argv[0].startswith("-") and "=" not in argv[0]:  # NAME=VALUE: a binding
         name, argv = argv[0], argv[1:]
     if name not in COMMANDS:
         print(
@@ -66,6 +67,8 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
+    if name == "report":  # it reads event files: no cause for TensorFlow's start-up lines
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     module = importlib.import_module(COMMANDS[name][0])
     return module.main(argv)
 
