@@ -7,7 +7,7 @@ does. A training run's `max_time` (`actions.time_budget`) stops it the same way,
 more device loop and its save would not fit; with `requeue` the chief of a SLURM job then asks
 SLURM to requeue it (`distribution.slurm.requeue`), after the save.
 
-Schedulers and spot machines send SIGTERM before killing a job; a closed terminal (an ssh session
+Schedulers and spot machines send SIGTERM before killing a job; a closed terminal (an ssh connection
 that drops) sends SIGHUP, which stops and saves as SIGTERM does; stdout and stderr that were
 that terminal (character devices) then go to /dev/null, as a write to a closed terminal fails.
 Python runs signal handlers only between device loops (the main thread is inside TensorFlow

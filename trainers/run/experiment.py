@@ -94,9 +94,8 @@ def run_experiment(
     loggers: Any = _D["loggers"],
     params: Any = None,
 ) -> dict:
-    """Trains, evaluates or predicts with `task` under `model_dir` (arguments and results: the
-    module docstring; gin binds `orbitask.run_experiment.*`). Eager. Returns `{"train": logs,
-    "eval": logs}` and more by mode; raises `ConfigError` for a bad setting, before any work."""
+    """Trains, evaluates or predicts with `task` under `model_dir` (the module docstring); eager.
+    Returns `{"train": logs, "eval": logs, ...}`; a bad setting: `ConfigError`, before any work."""
     settings = Settings(
         loop=LoopSettings(
             train_steps=_steps(train_steps, train_epochs), train_epochs=train_epochs,
@@ -125,8 +124,7 @@ def run_experiment(
             export_at_end=export_at_end, loggers=loggers,
         ),
     )  # fmt: skip
-    if params is not None:
-        task = model_garden.with_experiment(task, params)
+    task = task if params is None else model_garden.with_experiment(task, params)
     return _run(task, model_dir, mode, settings, eval_checkpoint, output_dir, fast_dev_run)
 
 
