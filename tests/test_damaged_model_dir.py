@@ -1,7 +1,8 @@
 """A damaged model directory: a warning naming the damage and a resume from the newest checkpoint
 that restores completely (found by its files when the state file is wrong), or one line; never a
 fresh start over checkpoints, never a checkpoint deleted or overwritten, except a corrupt one
-whose step is trained again."""
+whose step is trained again. Checkpoints the state file names none of, none readable, are saves cut
+short (TensorFlow writes the state file after a checkpoint's files): the run starts afresh."""
 
 import hashlib
 import json
@@ -141,6 +142,31 @@ def test_truncated_input_position_of_the_only_checkpoint_restarts_the_input(tmp_
     assert _resumed_step(out) == 5
     _kept(before, _files(tmp_path))
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-10")
+
+
+@pytest.mark.slow
+def test_a_first_save_cut_short_starts_afresh(tmp_path, capsys, reference):
+    """A kill -9 while the first checkpoint is written leaves a torn index and no state file."""
+    _run(tmp_path, 5)
+    (tmp_path / "checkpoint").unlink()
+    _truncate(tmp_path / "ckpt-5.index")
+    capsys.readouterr()
+
+    _run(tmp_path, 25)
+    out = capsys.readouterr().out
+    assert "a save was cut short; starting afresh" in out, out[-3000:]
+    assert "resumed from" not in out
+    _assert_same(_weights_at(tmp_path / "ckpt-25"), reference[25])
+
+
+def test_the_only_checkpoint_the_state_file_names_unreadable_is_one_line(tmp_path):
+    _run(tmp_path, 5)
+    _truncate(tmp_path / "ckpt-5.index")
+    before = _files(tmp_path)
+    with pytest.raises(ConfigError) as error:
+        _run(tmp_path, 10)
+    assert _line(error.value).startswith(f"none of the 1 checkpoint(s) in {tmp_path}")
+    _kept(before, _files(tmp_path))
 
 
 STATE_DAMAGE = {

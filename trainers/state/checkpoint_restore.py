@@ -4,6 +4,9 @@ variable of the run or stopping with one line that says what does not fit.
 - The newest checkpoint that reads back in full is restored; newer unreadable ones are left in
   place, and the manager's latest becomes the restored one, so the step of a corrupt one is
   saved again when it is trained again (replacing it).
+- When none reads back and the state file names none of them (it is written after a checkpoint's
+  files are whole), they are saves cut short: the run starts afresh, saying so. Otherwise a
+  directory of unreadable checkpoints is refused in one line.
 - A restore binds every variable of the run (model, optimizer, run state) or stops with one line
   naming what is missing or extra. Run state that a checkpoint lacks entirely (written by an older
   orbitask or another setting, e.g. `random_state`, `evaluated_step`) is named in a warning and
@@ -82,12 +85,39 @@ def restore_newest_readable(
         restore(checkpoint, path)
         _go_on_from(manager, path, paths)
         return path
+    if paths and not _recorded(manager.directory, paths):
+        # TensorFlow writes the state file only after a checkpoint's files are whole, so
+        # unreadable checkpoints that it does not name are saves cut short (a kill -9 while
+        # the first one was written): there is nothing to resume, and nothing good to lose.
+        _warn(
+            f"no checkpoint in {manager.directory} finished saving (the state file names none "
+            "of them): a save was cut short; starting afresh, the files are replaced as their "
+            "steps are saved again."
+        )
+        for bad in paths:
+            manager._maybe_delete.pop(bad, None)  # noqa: SLF001
+        manager._latest_checkpoint = None  # noqa: SLF001
+        return None
     if paths:
         raise ConfigError(
             f"none of the {len(paths)} checkpoint(s) in {manager.directory} is readable; "
             "move that directory away (or use a new --model_dir) to start afresh."
         )
     return None
+
+
+def _recorded(directory: str, paths: list[str]) -> list[str]:
+    """Those of `paths` that the state file of `directory` names (none when it is missing or
+    does not parse)."""
+    try:
+        state = tf.train.get_checkpoint_state(directory)
+    except (ValueError, tf.errors.OpError):
+        return []
+    if state is None:
+        return []
+    named = {os.path.basename(p) for p in state.all_model_checkpoint_paths}
+    named.add(os.path.basename(state.model_checkpoint_path))
+    return [p for p in paths if os.path.basename(p) in named]
 
 
 # How many checkpoints an evaluation follows while a training run's rotation deletes them under
