@@ -29,8 +29,8 @@ def timed_run(model_dir: str, hidden: tuple, steps: int, every: int, asynchronou
     import tensorflow as tf
 
     from orbitask import DigitsClassification
+    from orbitask.trainers.run import settings as run_settings
     from orbitask.trainers.run.runner import ExperimentRunner
-    from orbitask.trainers.run.settings import Settings
 
     stalls, waits = [], []
 
@@ -53,10 +53,17 @@ def timed_run(model_dir: str, hidden: tuple, steps: int, every: int, asynchronou
 
             manager.save, manager.sync = timed_save, timed_sync
 
-    settings = Settings.from_flat(
-        train_steps=steps, global_batch_size=64, steps_per_loop=every, loop_seconds=None,
-        progress=False, checkpoint_interval=every, checkpoint_seconds=None, max_to_keep=2,
-        async_checkpoints=asynchronous, eval_interval=None, strategy="one_device",
+    settings = run_settings.Settings(
+        loop=run_settings.LoopSettings(
+            train_steps=steps, global_batch_size=64, steps_per_loop=every, loop_seconds=None,
+            progress=False,
+        ),
+        checkpoints=run_settings.CheckpointSettings(
+            checkpoint_interval=every, checkpoint_seconds=None, max_to_keep=2,
+            async_checkpoints=asynchronous,
+        ),
+        evaluation=run_settings.EvalSettings(eval_interval=None),
+        distribution=run_settings.DistributionSettings(strategy="one_device"),
     )  # fmt: skip
     task = DigitsClassification(hidden_units=hidden)
     start = time.perf_counter()

@@ -200,27 +200,13 @@ class FeatureSettings:
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """Every setting of a run, grouped. `from_flat` maps `run_experiment`'s arguments here."""
+    """Every setting of a run, grouped as `run_experiment` groups its arguments."""
 
     loop: LoopSettings
     checkpoints: CheckpointSettings = CheckpointSettings()
     evaluation: EvalSettings = EvalSettings()
     distribution: DistributionSettings = DistributionSettings()
     features: FeatureSettings = FeatureSettings()
-
-    @classmethod
-    def from_flat(cls, **flat: Any) -> Settings:
-        """Groups `run_experiment`'s keyword arguments (all but task, model_dir, mode; one left
-        out keeps its group's default). Eager; returns the Settings."""
-        if flat.get("train_epochs") is not None and flat.get("train_steps") is gin.REQUIRED:
-            flat["train_steps"] = None  # epochs set: TRAIN_STEPS need not be
-        groups = {}
-        for field, group in _GROUPS.items():
-            names = [f.name for f in dataclasses.fields(group)]
-            groups[field] = group(**{name: flat.pop(name) for name in names if name in flat})
-        if flat:
-            raise ConfigError(f"unknown settings {sorted(flat)}; see run_experiment's arguments.")
-        return cls(**groups)
 
 
 # The groups of `Settings`, by field: each group's fields are named as run_experiment's arguments.
@@ -235,7 +221,7 @@ _GROUPS = {
 
 def flat(settings: Settings) -> dict[str, Any]:
     """Returns `run_experiment`'s arguments (all but task, model_dir, mode) from `settings`,
-    the inverse of `Settings.from_flat`: a group's fields are named as the arguments. Eager."""
+    a group's fields are named as the arguments. Eager."""
     values = {}
     for field in _GROUPS:
         group = getattr(settings, field)
