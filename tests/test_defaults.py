@@ -88,7 +88,13 @@ def test_run_experiment_takes_each_default_from_the_settings_groups():
     groups = settings.defaults()
     del groups["train_steps"]
     assert {k: effect[k] for k in groups} == groups
-    assert set(effect) - set(groups) == {"eval_checkpoint", "fast_dev_run", "output_dir", "params"}
+    assert set(effect) - set(groups) == {
+        "eval_checkpoint",
+        "fast_dev_run",
+        "output_dir",
+        "summary_dir",
+        "params",
+    }
 
 
 def test_every_run_experiment_argument_reaches_its_group_by_name(monkeypatch):

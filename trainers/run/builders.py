@@ -29,7 +29,7 @@ from orbitask.trainers.engine.trainer import TaskTrainer
 from orbitask.trainers.errors import ConfigError
 from orbitask.trainers.features.learning_rate import LearningRate
 from orbitask.trainers.features.precision import DynamicLossScale, precision_policy
-from orbitask.trainers.run import loss_share, messages, preflight
+from orbitask.trainers.run import folders, loss_share, messages, preflight
 from orbitask.trainers.run.settings import (
     Settings,
     check_cpu_devices,
@@ -214,8 +214,10 @@ def build_summaries(
     *,
     write_train: bool,
     write_eval: bool,
+    summary_dir: str | None = None,
 ) -> SummaryManagers:
-    """The train and eval summary managers, under `model_dir/train` and `output_dir/eval`; one
+    """The train and eval summary managers, under `model_dir/train` and `output_dir/eval`, or
+    `summary_dir/train` and `summary_dir/eval` where a platform gives its TensorBoard folder; one
     that does not write (`write_train` or `write_eval` False) has no directory. Those that
     write also send their scalars to the run's `loggers` (`loggers.Records`): in a training run
     all of them, under the model directory; in an evaluation mode the files under
@@ -224,17 +226,19 @@ def build_summaries(
     Raises:
       ConfigError: for a logger that cannot be built (`loggers.build`).
     """
+    train_dir, eval_dir = folders.summary_dirs(model_dir, output_dir, summary_dir)
     train = summaries.LoopSummaryManager(
-        os.path.join(model_dir, "train") if write_train else None,
+        train_dir if write_train else None,
         summaries.write,
         global_step,
         interval=10 * settings.loop.steps_per_loop,
         current_step=current_step,
     )
     evaluation = summaries.EvalSummaryManager(
-        os.path.join(output_dir, "eval") if write_eval else None, summaries.write, global_step
+        eval_dir if write_eval else None, summaries.write, global_step
     )
-    # An evaluation mode writes only eval/ (a training run may be appending to its own files).
+    # An evaluation mode writes only eval/ (a training run may be appending to its own files);
+    # the loggers' files stay beside the checkpoints whatever folder TensorBoard's files go to.
     folder = model_dir if write_train else os.path.join(output_dir, "eval")
     params = {
         k: v if isinstance(v, (int, float, str)) else repr(v) for k, v in flat(settings).items()
@@ -303,7 +307,6 @@ def build_trainer(
         nan_guard=objects.nan_guard,
         ema=objects.ema,
         record_history=record_history and not ps,
-        metrics_window=loop.metrics_window,
     )
     if callbacks.asks_step_tensors and not ps:
         trainer.kept = KeptStep(trainer, callbacks.tensors_due)

@@ -6,7 +6,9 @@ and schedule. `mode`: train, eval, train_and_eval, continuous_eval, eval_all (ev
 oldest first) or predict (`predicting`: the model over `build_predict_inputs`, into
 `predictions/`). `eval_checkpoint`: the `ckpt-N` that mode eval or predict uses (None: the
 newest). `output_dir`: where an evaluation mode writes `eval/` (None: `model_dir`; predict:
-`predictions/` goes there), so that `model_dir` may be read-only. `fast_dev_run`: one training
+`predictions/` goes there), so that `model_dir` may be read-only. `summary_dir`: where
+TensorBoard's `train/` and `eval/` go (None: `model_dir`, `output_dir`), a platform's TensorBoard
+folder; the loggers' files stay in `model_dir`. `fast_dev_run`: one training
 step and one evaluation step (`fast_dev_run`; predict: one prediction step), nothing written to
 `model_dir`. Every other argument is the field of that name of one group in `settings`
 (`LoopSettings`, ...), documented there, and is handed to it by name; configs/defaults.gin lists
@@ -52,6 +54,7 @@ def run_experiment(
     mode: str = "train_and_eval",
     eval_checkpoint: str | None = None,
     output_dir: str | None = None,
+    summary_dir: str | None = None,
     fast_dev_run: bool = False,
     train_steps: int | None = gin.REQUIRED,
     train_epochs: int | None = _D["train_epochs"],
@@ -125,7 +128,9 @@ def run_experiment(
         ),
     )  # fmt: skip
     task = task if params is None else model_garden.with_experiment(task, params)
-    return _run(task, model_dir, mode, settings, eval_checkpoint, output_dir, fast_dev_run)
+    return _run(
+        task, model_dir, mode, settings, eval_checkpoint, output_dir, fast_dev_run, summary_dir
+    )
 
 
 def _steps(train_steps: Any, train_epochs: int | None) -> Any:
@@ -133,20 +138,20 @@ def _steps(train_steps: Any, train_epochs: int | None) -> Any:
     return None if train_epochs is not None and train_steps is gin.REQUIRED else train_steps
 
 
-def _run(task, model_dir, mode, settings, chosen, output_dir, quick) -> dict:
+def _run(task, model_dir, mode, settings, chosen, output_dir, quick, summary_dir) -> dict:
     """Runs `mode` (`quick`: `fast_dev_run`), before any work checking that flag. Eager; returns
     the run's results."""
     setting_rules.check("run_experiment", {"fast_dev_run": quick})
     files.check_scheme(model_dir, "--model_dir")
     files.check_scheme(output_dir, "--output_dir")
+    files.check_scheme(summary_dir, "summary_dir")
     with compat.custom_gradients_released():  # the run's step graphs go with it
         if mode == "predict":
             return predicting.predict(task, model_dir, settings, chosen, output_dir, quick)
         if quick:
             return _fast_dev_run(task, model_dir, mode, settings, chosen)
-        runner = ExperimentRunner(
-            task, model_dir, mode, settings, eval_checkpoint=chosen, output_dir=output_dir
-        )
+        dirs = {"output_dir": output_dir, "summary_dir": summary_dir}
+        runner = ExperimentRunner(task, model_dir, mode, settings, eval_checkpoint=chosen, **dirs)
         return runner.run()
 
 

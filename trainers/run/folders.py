@@ -1,5 +1,6 @@
 """The folders a run writes: `--model_dir` when it trains; an evaluation's `eval/` under
-`--output_dir` where one is given (then `--model_dir` is only read, and may be read-only)."""
+`--output_dir` where one is given (then `--model_dir` is only read, and may be read-only);
+TensorBoard's `train/` and `eval/` under a platform's TensorBoard folder where it gives one."""
 
 from __future__ import annotations
 
@@ -27,6 +28,15 @@ def output_dir(model_dir: str, output_dir: str | None, mode: str) -> str:
             f"--mode={mode} writes under --model_dir. Drop --output_dir."
         )
     return output_dir
+
+
+def summary_dirs(model_dir: str, output_dir: str, summary_dir: str | None) -> tuple[str, str]:
+    """TensorBoard's `train/` and `eval/` folders: under `summary_dir` where one is given (a
+    platform's TensorBoard folder, Vertex AI's `AIP_TENSORBOARD_LOG_DIR`), else `model_dir/train`
+    and `output_dir/eval`."""
+    return os.path.join(summary_dir or model_dir, "train"), os.path.join(
+        summary_dir or output_dir, "eval"
+    )
 
 
 def check_model_dir(

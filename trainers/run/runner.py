@@ -51,6 +51,7 @@ class ExperimentRunner(ModeRunning):
       settings: the run's `settings.Settings`.
       eval_checkpoint: with mode "eval", the checkpoint to evaluate instead of the newest.
       output_dir: an evaluation mode's `eval/` goes here (None: `model_dir`).
+      summary_dir: TensorBoard's `train/` and `eval/` go here (None: `model_dir`, `output_dir`).
 
     Raises:
       ConfigError: from the constructor, for a setting that needs no TensorFlow object.
@@ -64,12 +65,14 @@ class ExperimentRunner(ModeRunning):
         settings: Settings,
         eval_checkpoint: str | None = None,
         output_dir: str | None = None,
+        summary_dir: str | None = None,
     ):
         task = model_garden.adapt(task)  # a Model Garden task runs as it is
         check_settings(task, model_dir, mode, settings)
         checkpointing.check_eval_checkpoint(eval_checkpoint, mode)
         self.eval_checkpoint = eval_checkpoint
         self.output_dir = folders.output_dir(model_dir, output_dir, mode)  # eval/ goes there
+        self.summary_dir = summary_dir  # a platform's TensorBoard folder, or None
         # Saved checkpoints evaluated one by one, each restored by the runner: they only read
         # the model directory (no best export, learning-rate control or operative config).
         self.evaluates_saved = mode == "eval_all" or eval_checkpoint is not None
@@ -205,6 +208,7 @@ class ExperimentRunner(ModeRunning):
             self._step_now,
             write_train=self.chief and self.training,
             write_eval=self.chief,
+            summary_dir=self.summary_dir,
         )
 
     def _build_callbacks(self) -> CallbackAction:
@@ -274,7 +278,7 @@ class ExperimentRunner(ModeRunning):
 
     def _build_profiler(self) -> Profiler | None:
         """The profiler of `profile_steps`, or None."""
-        steps, folder = self.settings.features.profile_steps, self.model_dir
+        steps, folder = self.settings.features.profile_steps, self.summary_dir or self.model_dir
         return run_actions.build_profiler(steps, folder, self._step_now, self.trainer, self.chief)
 
     def _build_train_entries(self) -> list[Periodic]:
@@ -295,7 +299,9 @@ class ExperimentRunner(ModeRunning):
             nan_guard=nan_guard,
             preemption=self.preemption,
             model_dir_check=self._recreate_if_deleted if self.chief and self.training else None,
-            metrics_window=self.settings.loop.metrics_window,
+            metrics_window=run_actions.metrics_window_entry(
+                objects.train_metrics, self.settings.loop.metrics_window
+            ),
         )
 
     def _build_eval_actions(self) -> list:
@@ -341,7 +347,8 @@ class ExperimentRunner(ModeRunning):
             checkpoint_manager=None if self.evaluates_saved else manager,
             summary_manager=self.summaries.train,
             eval_summary_manager=self.summaries.eval,
-            eval_summary_dir=os.path.join(self.output_dir, "eval"),  # else Orbit reuses train/
+            # Not None, or Orbit reuses train/'s writer.
+            eval_summary_dir=os.path.join(self.summary_dir or self.output_dir, "eval"),
         )
 
     def _validation_control(self) -> Any:
