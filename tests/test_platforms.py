@@ -1,8 +1,11 @@
 """Where a job runs (`trainers.distribution.platforms`): each platform's resolver reads the
 environment its jobs set, recorded here from the platform's documentation (source in each
-comment), and gives the cluster as TF_CONFIG, the default model directory and where the final
-SavedModel goes. The slow test runs a Vertex AI job's two replicas on 127.0.0.1 end to end."""
+comment), and gives the cluster as TF_CONFIG, the default model directory, where TensorBoard's
+summaries go and where the final SavedModel goes. The slow test runs a Vertex AI job's two
+replicas on 127.0.0.1 end to end."""
 
+import contextlib
+import io
 import json
 import os
 import socket
@@ -141,28 +144,73 @@ def test_nothing_set_is_one_machine_and_the_final_savedmodel_is_copied(tmp_path)
     assert platforms.deliver(placement, {}) is None  # no export: a worker other than the chief
 
 
-def test_a_vertex_evaluator_evaluates_into_the_tensorboard_folder(tmp_path, monkeypatch, capsys):
-    """In-process binary: a run trains to step 20 in AIP_CHECKPOINT_DIR; the evaluator replica
-    (TF_CONFIG's task type `evaluator`, no --model_dir, --mode=train as the other pools) runs
-    `continuous_eval` on one machine, its eval/ summaries under AIP_TENSORBOARD_LOG_DIR."""
+VERTEX_ONE_REPLICA = dict(  # a job of one primary replica: the spec above, pool 0 alone
+    VERTEX_CLUSTER_SPEC, cluster={"workerpool0": VERTEX_CLUSTER_SPEC["cluster"]["workerpool0"]}
+)
+VERTEX_FLAGS = [f"--gin_file={faults.REPO / 'experiments' / 'digits.gin'}", "--mode=train"] + [
+    f"--gin_params={p}"
+    for p in ("TRAIN_STEPS=20", "orbitask.run_experiment.steps_per_loop=10",
+              "orbitask.run_experiment.progress=False",
+              "orbitask.DigitsClassification.hidden_units=(8,)")
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def vertex_job(tmp_path_factory):
+    """In-process binary as Vertex AI starts a job of one replica: its CLUSTER_SPEC and the three
+    AIP_* folders (local), no --model_dir, `--mode=train`; the run trains to step 20. Returns
+    the folders and what the binary printed."""
     from orbitask.trainers.commands import train
 
-    checkpoints, logs = tmp_path / "checkpoints", tmp_path / "logs"
-    flags = [f"--gin_file={faults.REPO / 'experiments' / 'digits.gin'}", "--mode=train"] + [
-        f"--gin_params={p}"
-        for p in ("TRAIN_STEPS=20", "orbitask.run_experiment.steps_per_loop=10",
-                  "orbitask.run_experiment.progress=False",
-                  "orbitask.DigitsClassification.hidden_units=(8,)")
-    ]  # fmt: skip
-    assert train.main([*flags, f"--model_dir={checkpoints}"]) == 0
+    base = tmp_path_factory.mktemp("vertex")
+    folders = {name: str(base / name.lower()) for name in VERTEX_FOLDERS}
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.delenv("TF_CONFIG", raising=False)
+        monkeypatch.setenv("CLUSTER_SPEC", json.dumps(VERTEX_ONE_REPLICA))
+        for name, folder in folders.items():
+            monkeypatch.setenv(name, folder)
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            # no SavedModel: its copy is the slow test's
+            assert train.main([*VERTEX_FLAGS, "orbitask.run_experiment.export_at_end=False"]) == 0
+    return folders, printed.getvalue()
+
+
+def test_a_vertex_job_writes_its_tensorboard_summaries_into_the_tensorboard_folder(vertex_job):
+    """TensorBoard's train/ goes under AIP_TENSORBOARD_LOG_DIR, nothing of it under the model
+    directory (AIP_CHECKPOINT_DIR), which keeps the checkpoints and metrics.jsonl; the line
+    naming the platform names both folders."""
+    folders, printed = vertex_job
+    checkpoints, logs = folders["AIP_CHECKPOINT_DIR"], folders["AIP_TENSORBOARD_LOG_DIR"]
+    assert (
+        f"orbitask: on Vertex AI: one machine, model directory {checkpoints}, "
+        f"TensorBoard summaries {logs}"
+    ) in printed
+    assert f"TensorBoard: --logdir {logs}" in printed  # the run's last line
+    assert launching.latest_step(checkpoints) == 20
+    assert os.path.exists(os.path.join(checkpoints, "metrics.jsonl"))
+    assert tf.io.gfile.glob(os.path.join(logs, "train", "events.out.tfevents.*"))
+    assert not os.path.exists(os.path.join(checkpoints, "train"))
+
+
+def test_a_vertex_evaluator_evaluates_into_the_tensorboard_folder(
+    vertex_job, tmp_path, monkeypatch, capsys
+):
+    """The evaluator replica of a job (TF_CONFIG's task type `evaluator`, no --model_dir,
+    --mode=train as the other pools) runs `continuous_eval` on one machine over the job's
+    checkpoints, its eval/ summaries under AIP_TENSORBOARD_LOG_DIR."""
+    from orbitask.trainers.commands import train
+
+    checkpoints, logs = vertex_job[0]["AIP_CHECKPOINT_DIR"], tmp_path / "logs"
     evaluator = dict(VERTEX_TF_CONFIG, task={"type": "evaluator", "index": 0})
     monkeypatch.setenv("TF_CONFIG", json.dumps(evaluator))
-    monkeypatch.setenv("AIP_CHECKPOINT_DIR", str(checkpoints))
+    monkeypatch.setenv("AIP_CHECKPOINT_DIR", checkpoints)
     monkeypatch.setenv("AIP_TENSORBOARD_LOG_DIR", str(logs))
-    assert train.main(flags) == 0
+    assert train.main(VERTEX_FLAGS) == 0
     assert "orbitask: on Vertex AI: evaluator, model directory" in capsys.readouterr().out
     assert "TF_CONFIG" not in os.environ  # outside the training cluster: one machine
     assert launching.eval_scalars(logs, "loss").keys() == {20}
+    assert not os.path.exists(os.path.join(checkpoints, "eval"))
 
 
 def _two_free_ports() -> int:

@@ -287,6 +287,8 @@ def main(argv: list[str]) -> int:
         chosen = {"eval_checkpoint": FLAGS.checkpoint} if FLAGS.checkpoint else {}
         if FLAGS.output_dir:
             chosen["output_dir"] = FLAGS.output_dir
+        if placement is not None and placement.summary_dir:  # Vertex AI's TensorBoard folder
+            chosen["summary_dir"] = placement.summary_dir
         mode = FLAGS.mode
         if placement is not None and placement.evaluator:  # Vertex AI's evaluator pool
             os.environ.pop("TF_CONFIG", None)  # outside the training cluster: one machine

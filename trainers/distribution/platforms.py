@@ -8,8 +8,8 @@ set, so that everything reading the cluster reads it alike), the model directory
 
 - Vertex AI (`CLUSTER_SPEC`, or `TF_CONFIG` as Vertex sets it): worker pools 0-3 are the chief,
   the workers, the parameter servers and the evaluator. The evaluator, outside the training
-  cluster, runs `continuous_eval` on one machine, its `eval/` summaries under
-  `AIP_TENSORBOARD_LOG_DIR`. `AIP_CHECKPOINT_DIR` is the model directory; the final SavedModel
+  cluster, runs `continuous_eval` on one machine. `AIP_CHECKPOINT_DIR` is the model directory;
+  TensorBoard's `train/` and `eval/` go under `AIP_TENSORBOARD_LOG_DIR`; the final SavedModel
   is copied into `AIP_MODEL_DIR`.
 - Kubernetes: `JOB_COMPLETION_INDEX` (set by an Indexed Job) and `ORBITASK_WORKERS` (the
   job's completions; without it an Indexed Job's pods are separate runs, a sweep): worker i is
@@ -44,7 +44,8 @@ class Placement:
       tf_config: the cluster and this task, or None (one machine).
       model_dir: the model directory when no --model_dir is given, or None.
       export_dir: the final SavedModel is copied here (`deliver`), or None.
-      summary_dir: an evaluator's `eval/` summaries go under it, or None.
+      summary_dir: TensorBoard's `train/` and `eval/` go under it (`run_experiment`'s
+        `summary_dir`; an evaluator's `eval/` too), or None.
       evaluator: this task evaluates the others' checkpoints (`continuous_eval`, one machine).
     """
 
@@ -61,13 +62,13 @@ class Placement:
         return ["orbitask.run_experiment.export_at_end = True"] if self.export_dir else []
 
     def describe(self) -> str:
-        """One line saying where the job runs."""
+        """One line saying where the job runs and where its folders are."""
         task = (self.tf_config or {}).get("task", {})
         role = f"{task['type']} {task['index']}" if task else "one machine"
         role = "evaluator" if self.evaluator else role
-        return f"orbitask: on {self.platform}: {role}" + (
-            f", model directory {self.model_dir}" if self.model_dir else ""
-        )
+        model = f", model directory {self.model_dir}" if self.model_dir else ""
+        logs = f", TensorBoard summaries {self.summary_dir}" if self.summary_dir else ""
+        return f"orbitask: on {self.platform}: {role}{model}{logs}"
 
 
 def _port(env: Mapping[str, str], index: int) -> int:

@@ -57,8 +57,9 @@ def eval_line(step: int, logs: dict) -> str | None:
     return f"eval at step {step}: {text}"
 
 
-def run_end(folder: str, training: bool) -> None:
+def run_end(folder: str, training: bool, logdir: str | None = None) -> None:
     """Says where the checkpoints (`training`) or the evaluation's summaries are (each
-    evaluation said its line). Eager; returns None."""
+    evaluation said its line), and TensorBoard's folder (`logdir`; None: `folder`). Eager;
+    returns None."""
     written = "checkpoints" if training else "eval summaries"
-    say(f"{written} in {folder}; TensorBoard: --logdir {folder}")
+    say(f"{written} in {folder}; TensorBoard: --logdir {logdir or folder}")

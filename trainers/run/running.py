@@ -324,7 +324,7 @@ class ModeRunning:
         if self.zeroed is not None:
             self.zeroed.end()
         where = self.model_dir if self.training else self.output_dir
-        messages.run_end(where, self.training)
+        messages.run_end(where, self.training, self.summary_dir)
 
     def _end_records(self, ended: str) -> None:
         """The run's loggers record its end (`loggers.Records.end`). Eager."""
