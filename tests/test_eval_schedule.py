@@ -15,10 +15,23 @@ import pytest
 import tensorflow as tf
 
 from orbitask import run_experiment
-from orbitask.trainers.actions.evaluation_points import eval_points, last_eval_point
+from orbitask.trainers.actions.evaluation_points import evaluation_entry
 from orbitask.trainers.run.controller import Controller
 from tests import faults
 from tests.helpers import StepTrainer, TinyTask
+
+
+def eval_points(step, train_steps, interval):
+    """The steps after `step` and up to `train_steps` the `evaluation` entry is due at."""
+    return evaluation_entry(None, train_steps, interval, None).when.due_steps(step + 1, train_steps)
+
+
+def last_eval_point(step, train_steps, interval):
+    """The last evaluation point at or before `step` (0: none) the entry gives its `at_start`."""
+    points = []
+    entry = evaluation_entry(None, train_steps, interval, None, lambda _, p: points.append(p))
+    entry.at_start(step)
+    return points[0]
 
 
 class _Evaluator(orbit.AbstractEvaluator):

@@ -147,11 +147,6 @@ def rename_tree(source: str, target: str) -> None:
     rmtree(source)
 
 
-def mtime(path: str) -> float:
-    """When `path` was last written, in seconds since the epoch."""
-    return tf.io.gfile.stat(path).mtime_nsec / 1e9
-
-
 def size(path: str) -> int:
     return tf.io.gfile.stat(path).length
 
@@ -313,9 +308,3 @@ def flush_appends() -> None:
     """Writes what every buffered appender holds (before a checkpoint save). Eager."""
     for appender in list(_appenders.values()):
         appender.flush()
-
-
-def forget_appends(folder: str) -> None:
-    """Drops the buffered appenders under `folder` (a run's end, after its last flush)."""
-    for path in [p for p in _appenders if p.startswith(folder.rstrip("/") + "/")]:
-        del _appenders[path]

@@ -337,12 +337,3 @@ def model_loss_terms(model: Any) -> tuple[list, list, list] | None:
         weight = [fn() for layer in layers for fn in layer._callable_losses]  # noqa: SLF001
         weight = [t for t in weight if t is not None]
     return weight, activity, added
-
-
-def keras_loss_module() -> Any:
-    """Keras 3's private `keras.src.losses.loss`, whose `scale_loss_for_distribution` divides a
-    loss object's mean by the replica count under tf.distribute (`tasks.replica_logs` records
-    its results). Eager."""
-    from keras.src.losses import loss as keras_loss
-
-    return keras_loss

@@ -119,20 +119,12 @@ class CallbackAction:
         """
         return triggers.steps_until_any(self._ending, step)
 
-    def due(self, step: int) -> list:
-        """The callbacks due after `step`, now. Eager host Python; asking changes nothing.
-
-        Returns:
-          A list: every_steps first (by period), then the `triggered` ones (their seconds rules
-          read the clock), then at_step.
-        """
-        return [fn for _, fns in self._due_now(step) for fn in fns] + self.at.get(step, [])
-
     def _due_now(self, step: int) -> list[tuple[Trigger, list]]:
         return [rule for rule in self._periodic if rule[0].due(step)]
 
     def _due_by_step(self, step: int) -> list:
-        """`due(step)` by the step rules only: for a step a device loop ran past."""
+        """The callbacks due after `step` by the step rules only: for a step a device loop ran
+        past."""
         fns = [fn for trigger, fns in self._periodic if trigger.step_due(step) for fn in fns]
         return fns + self.at.get(step, [])
 

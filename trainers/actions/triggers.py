@@ -186,6 +186,13 @@ class Trigger:
                 until = at if until is None or at < until else until
         return until
 
+    def last_due_step(self, step: int) -> int:
+        """The last step-based due point at or before `step`; 0 when none. Eager host Python."""
+        n = self.every_steps
+        last = 0 if n is None else step // n * n
+        i = bisect_right(self.at_steps, step)
+        return max(last, self.at_steps[i - 1]) if i else last
+
     def due_steps(self, first: int, last: int) -> list[int]:
         """The step-based due points from `first` to `last`, both included. Eager host Python.
 

@@ -3,8 +3,8 @@
 Hook order, as the Controller drives it::
 
     train(num_steps):                           # one device loop, num_steps from steps_per_loop
-      train_loop_begin()                        # eager: reset metrics; retrace every step
-                                                #   fn if the trainable vars changed
+      train_loop_begin()                        # eager: replicas' seeds; retrace every
+                                                #   step fn if the trainable vars changed
       learning_rate.sync(optimizer)             # traced, first in the loop function: `lr`
                                                 #   into the optimizer when it owns the rate
       repeat num_steps times (tf.while_loop in one tf.function; the step's only trace in it,
@@ -14,7 +14,8 @@ Hook order, as the Controller drives it::
         (and, for deferred callbacks, append the step's scalar logs to a TensorArray,
          whose last row gives the loop's last float32 scalar logs back)
       return train_loop_end(last logs, metric results, lr, step)   # read in one go
-    # then the Controller's actions: host callbacks (every_steps / at_step), progress, checkpoint
+    # then the Controller's schedule: host callbacks (every_steps / at_step), the metrics'
+    # window (restarts the train metrics), progress, checkpoint
 
     evaluate(num_steps or -1): see `trainers.engine.evaluation.TaskEvaluator`
 """
@@ -46,8 +47,6 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
       eval_dataset: a distributed dataset for `validation_step`, a dict `{name: dataset}` of
         validation sets (each evaluated in turn, `TaskEvaluator.evaluate`), or None.
       use_tf_while_loop: run each device loop as one `tf.while_loop` (default) or a Python loop.
-      metrics_window: the train metrics restart at the loops that start at its multiples
-        (None: at every loop).
       nan_guard: the built `trainers.NanGuard` of the step, or None: a tripped guard ends the
         device loop early.
       ema: a built `trainers.ExponentialMovingAverage` (evaluation swaps its weights in), or None.
@@ -70,7 +69,6 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         nan_guard: Any = None,
         ema: Any = None,
         record_history: bool = False,
-        metrics_window: int | None = None,
     ):
         self.objects = objects
         self.task = objects.task
@@ -87,7 +85,6 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         self.nan_guard = nan_guard
         self.ema = ema
         self.record_history = record_history
-        self.metrics_window = metrics_window  # device loops end at its multiples (run_actions)
         # Per-loop host state lives in a plain object: an attribute set on this tf.Module is
         # tracked (a dict or tuple is wrapped), which slows every device loop's host work.
         self._loop = _LoopRecord()
@@ -277,15 +274,12 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         return out
 
     def train_loop_begin(self):
-        """Eager, before each device loop: lr into the optimizer, metrics reset (at a window's
-        start), each replica's own seeds, retrace check. Returns None.
+        """Eager, before each device loop: lr into the optimizer (where the loop does not copy
+        it), each replica's own seeds, retrace check. Returns None. (The train metrics restart
+        in the schedule's `metrics_window` entry: `run.run_actions.metrics_window_entry`.)
         """
         if not self.copies_learning_rate_in_loop:
             self.objects.learning_rate.sync(self.optimizer)
-        window = self.metrics_window
-        if window is None or self.step_now() % window == 0:
-            for metric in self.train_metrics:
-                metric.reset_state()
         self.replica_draws()
         signature = _trainable_signature(self.model)
         if signature != self._trainable_signature:

@@ -49,7 +49,6 @@ import orbit
 import tensorflow as tf
 from absl import logging
 
-from orbitask.trainers.actions import evaluation_points
 from orbitask.trainers.actions.evaluation_points import evaluation_entry
 from orbitask.trainers.actions.schedule import Periodic, Schedule
 from orbitask.trainers.actions.step_rate import StepRate
@@ -153,7 +152,7 @@ class Controller(orbit.Controller):
         eval_interval: int | None = None,
         eval_seconds: float | None = None,
     ) -> dict | None:
-        """Trains until step `train_steps`, evaluating for `eval_steps` at each of `eval_points`
+        """Trains until step `train_steps`, evaluating for `eval_steps` at each evaluation point
         (Orbit's `train_and_evaluate` with the points fixed by the step, not by the start),
         and with `eval_seconds` also after the device loop that ends that many seconds of
         training after the last evaluation (module docstring). With `evaluated_step`, first
@@ -168,7 +167,7 @@ class Controller(orbit.Controller):
             self._sync_on_async_checkpointing()  # the best export copies the newest checkpoint
             outputs.append(self.evaluate(steps=eval_steps))
 
-        def first_evaluation(step: int) -> None:
+        def first_evaluation(step: int, due: int) -> None:
             if evaluated is None or int(evaluated.numpy()) < 0:
                 # No record (a fresh run, or a checkpoint of --mode=train): it starts here.
                 if self._eval_at_start:
@@ -176,7 +175,6 @@ class Controller(orbit.Controller):
                 elif evaluated is not None:
                     evaluated.assign(step)
                 return
-            due = evaluation_points.last_eval_point(step, train_steps, eval_interval)
             if due > int(evaluated.numpy()):
                 logging.info("evaluation of step %d not recorded: evaluating at %d", due, step)
                 evaluate({})

@@ -76,18 +76,16 @@ def train_entries(
     nan_guard: Periodic | None,
     preemption: PreemptionWatcher,
     model_dir_check: Callable[[], None] | None = None,
-    metrics_window: int | None = None,
+    metrics_window: Periodic | None = None,
 ) -> list[Periodic]:
     """The run's entries of the Controller's schedule, in order (`actions.schedule`):
     `callbacks` (their triggers end loops), a schedule's rate they assigned, `keep_logs`,
     progress, the profiler (its window ends loops), the NaN guard's entry, SIGTERM's
-    `preemption`, `model_dir_check` (None: none); device loops also end at the multiples of
-    `metrics_window`, where the train metrics restart. The Controller's summaries, checkpoint
-    and evaluation follow them."""
+    `preemption`, `model_dir_check` (None: none); `metrics_window` (`metrics_window_entry`)
+    after the callbacks. The Controller's summaries, checkpoint and evaluation follow them."""
     entries = [Periodic("callbacks", callbacks, when=callbacks, ends_loop=True)]
     if metrics_window is not None:
-        window = Trigger(every_steps=metrics_window)
-        entries.append(Periodic("metrics_window", lambda _: None, when=window, ends_loop=True))
+        entries.append(metrics_window)
     if learning_rate.schedule is not None:  # a callback's `ctx.lr.assign` lasts
         entries.append(Periodic("learning_rate", learning_rate.keep_assigned))
     entries.append(Periodic("results", keep_logs))
@@ -106,6 +104,26 @@ def train_entries(
     if model_dir_check is not None:  # before anything writes into the model directory
         entries.append(Periodic("model_dir", lambda _: model_dir_check()))
     return entries
+
+
+def metrics_window_entry(metrics: list, window: int | None) -> Periodic:
+    """The `metrics_window` entry: the train `metrics` restart after each device loop that ends
+    at a multiple of `window`, and before the first when it starts at one; device loops end
+    there. None: they restart around every device loop. Eager."""
+
+    def reset(_: Any = None) -> None:
+        for metric in metrics:
+            metric.reset_state()
+
+    if window is None:
+        return Periodic("metrics_window", reset, at_start=reset)
+    when = Trigger(every_steps=window)
+
+    def at_start(step: int) -> None:
+        if when.step_due(step):
+            reset()
+
+    return Periodic("metrics_window", reset, when=when, ends_loop=True, at_start=at_start)
 
 
 def eval_actions(

@@ -19,7 +19,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import re
 from typing import Any
 
 import numpy as np
@@ -172,9 +171,3 @@ def _pack(template: Any, leaves: list) -> Any:
         return kind(build(v) for v in node.get("tuple", node.get("list")))
 
     return build(template)
-
-
-def shard_names(folder: str) -> list[str]:
-    """The whole shard files in `folder`, sorted (for tests and tools)."""
-    pattern = re.compile(r"worker-\d{3}-from-\d{9}\.npz")
-    return sorted(n for n in files.listdir(folder) if pattern.fullmatch(n))
