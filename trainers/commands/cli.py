@@ -5,6 +5,7 @@
     orbitask new NAME                                 # a Task file + gin file (commands.scaffold)
     orbitask launch --workers N -- TRAIN_FLAGS        # a local cluster (commands.launch)
     orbitask sweep --gin_file=... --param ...         # an Optuna search (commands.sweep)
+    orbitask ray --workers N -- TRAIN_FLAGS           # on Ray Train (commands.on_ray)
     orbitask export --model_dir=...                   # a SavedModel of a run (commands.export)
     orbitask verify --gin_file=...                    # 1 device == N replicas? (commands.verify)
 
@@ -40,6 +41,10 @@ COMMANDS = {
     "sweep": (
         "orbitask.trainers.commands.sweep",
         "search hyperparameters with Optuna, each trial a run (pip install 'orbitask[sweep]')",
+    ),
+    "ray": (
+        "orbitask.trainers.commands.on_ray",
+        "run a job on Ray Train's workers, local or a cluster (pip install 'orbitask[ray]')",
     ),
     "export": (
         "orbitask.trainers.commands.export",

@@ -23,6 +23,8 @@ the learning rate) also goes to each logger, keyed by step and split (`"train"`,
   (a W&B sweep's agent sets it).
 - `'hypertune'`: each evaluation's scalars to Vertex AI's tuning service (`tuning_loggers`).
   `pip install 'orbitask[hypertune]'`.
+- `'ray'`: each row to Ray Tune or Ray Train when the run is inside one (`ray_logger`);
+  `orbitask ray` turns it on.
 - a `Logger` of your own, bound in gin: `loggers = ['tensorboard', 'jsonl', @MyLogger()]`.
 
 A training run resumed from a checkpoint rewinds the files to it (`rewind`), so that after a
@@ -53,7 +55,7 @@ from orbitask.common.errors import one_line
 from orbitask.trainers.errors import ConfigError
 from orbitask.trainers.state import metrics_file, wandb_records
 
-BUILT_IN = ("tensorboard", "jsonl", "csv", "mlflow", "wandb", "hypertune")
+BUILT_IN = ("tensorboard", "jsonl", "csv", "mlflow", "wandb", "hypertune", "ray")
 _EXTRAS = {"mlflow": "mlflow", "wandb": "wandb", "hypertune": "hypertune"}
 
 
@@ -356,6 +358,11 @@ def build(loggers: Any, folder: str, training: bool) -> list[Logger]:
     from orbitask.trainers.state.tuning_loggers import HypertuneLogger  # it subclasses Logger
 
     made["hypertune"] = HypertuneLogger
+    from orbitask.trainers.state import ray_logger
+
+    made["ray"] = ray_logger.RayLogger
+    if ray_logger.REPORTS_FD in os.environ and "ray" not in names:  # under `orbitask ray`
+        loggers.append("ray")
     built = []
     for x in loggers:
         if x in ("jsonl", "csv"):
