@@ -17,6 +17,7 @@ from orbitask.trainers import (
     learning_rate_schedule,
     run_experiment,
 )
+from orbitask.trainers.run import settings as run_settings
 from tests.helpers import TinyTask
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -159,7 +160,8 @@ def test_bad_settings(tmp_path, settings, message):
     assert not (tmp_path / "run").exists()
 
 
-# Wrong values for each rule of `setting_rules.RULES`: a wrong type first, then out of range.
+# Wrong values for each rule of `setting_rules.RULES` and of run_experiment's declared settings
+# (`settings.RULES`): a wrong type first, then out of range.
 BAD_VALUES = {
     "a positive integer": ["8", 0, 2.5, True],
     "a positive integer or None": ["8", -1, 1.0],
@@ -174,10 +176,9 @@ BAD_VALUES = {
     setting_rules.DURATION.expected: ["90", "1:30", "00:00:00", "1:75:00", 0, True],
     setting_rules.SIGNAL_NAMES.expected: ["SIGTERM", ["SIGUSR9"], ["SIGKILL"], [15]],
 }
+ALL_RULES = {**setting_rules.RULES, **run_settings.RULES}
 TABLE = [
-    (binding, value)
-    for binding, rule in setting_rules.RULES.items()
-    for value in BAD_VALUES[rule.expected]
+    (binding, value) for binding, rule in ALL_RULES.items() for value in BAD_VALUES[rule.expected]
 ]
 
 
@@ -198,7 +199,7 @@ def test_each_setting_of_the_wrong_type_or_range_is_one_line(tmp_path, binding, 
         else:
             _run(TinyTask(), tmp_path / "run", **{name: value})
     assert str(info.value).splitlines()[0] == (
-        f"Expected {setting_rules.RULES[binding].expected}. Received: {name}={value!r} of type "
+        f"Expected {ALL_RULES[binding].expected}. Received: {name}={value!r} of type "
         f"{type(value).__name__}. Fix orbitask.{binding} in your experiment's .gin file or with "
         "--gin_params."
     )
@@ -209,7 +210,7 @@ def test_the_rules_cover_every_number_and_switch_that_defaults_gin_lists():
     text = (REPO / "configs" / "defaults.gin").read_text()
     bound = re.findall(r"^# orbitask\.(\w+\.\w+) = (?:[-\d.e]+|True|False)\b", text, re.M)
     assert bound, text
-    missing = sorted({*bound, "run_experiment.learning_rate"} - set(setting_rules.RULES))
+    missing = sorted({*bound, "run_experiment.learning_rate"} - set(ALL_RULES))
     assert not missing, missing
 
 

@@ -1,7 +1,9 @@
 """The defaults that configs/defaults.gin lists are the ones in effect, and it lists them all.
 
-Each default has one home, the code; defaults.gin binds only what every experiment must set and
-lists every other setting commented out, as a reference. These tests keep that list true.
+Each default has one home, the code (a run_experiment setting: its declaration in
+`trainers/run/settings.py`); defaults.gin binds only what every experiment must set and lists
+every other setting commented out, as a reference. These tests keep that list, run_experiment's
+signature and the docs' names true to the declarations.
 """
 
 import inspect
@@ -9,11 +11,13 @@ import pathlib
 import re
 
 import gin
+import pytest
 
 import orbitask
 from orbitask.trainers.run import settings
 
-DEFAULTS = pathlib.Path(__file__).resolve().parents[1] / "configs" / "defaults.gin"
+REPO = pathlib.Path(__file__).resolve().parents[1]
+DEFAULTS = REPO / "configs" / "defaults.gin"
 LISTED = re.compile(r"^# orbitask\.(\w+)\.(\w+) = (.+?)(?:\s+#.*)?$")
 BOUND = re.compile(r"^(?!#)\s*(\S+)\s*=", re.M)
 CONFIGURABLES = (
@@ -25,6 +29,17 @@ CONFIGURABLES = (
     "WarmStart",
     "ExponentialMovingAverage",
 )
+# run_experiment's arguments that are not settings (`trainers/run/experiment.py`).
+OWN_ARGUMENTS = {
+    "task",
+    "model_dir",
+    "mode",
+    "eval_checkpoint",
+    "output_dir",
+    "summary_dir",
+    "fast_dev_run",
+    "params",
+}
 NOT_SETTINGS = {"run_experiment": {"task", "model_dir", "mode", "train_steps"}, "Task": {"name"}}
 
 
@@ -82,19 +97,34 @@ def test_defaults_gin_binds_only_what_every_experiment_must_set():
     ]
 
 
-def test_run_experiment_takes_each_default_from_the_settings_groups():
-    """One home per default: a group's default changed is the run_experiment default changed."""
-    effect = _in_effect("run_experiment")
-    groups = settings.defaults()
-    del groups["train_steps"]
-    assert {k: effect[k] for k in groups} == groups
-    assert set(effect) - set(groups) == {
-        "eval_checkpoint",
-        "fast_dev_run",
-        "output_dir",
-        "summary_dir",
-        "params",
-    }
+@pytest.mark.parametrize("name", list(settings.DECLARED))
+def test_each_setting_agrees_with_its_declaration(name):
+    """One declaration per setting (`settings.setting`): run_experiment's signature takes its
+    default, configs/defaults.gin lists that default, and it has a doc line."""
+    declared = settings.DECLARED[name]
+    parameter = inspect.signature(orbitask.run_experiment).parameters.get(name)
+    assert parameter is not None, f"run_experiment's signature lacks the setting {name}"
+    assert parameter.default == declared.default, f"run_experiment's default of {name}"
+    if name != "train_steps":  # bound to TRAIN_STEPS, which every experiment sets
+        listed = _listed()["run_experiment"].get(name, "<not listed>")
+        assert listed == declared.default, f"configs/defaults.gin lists {name} = {listed!r}"
+    assert declared.metadata["doc"].strip(), f"the setting {name} has no doc line"
+
+
+def test_run_experiment_takes_only_the_declared_settings_beside_its_own_arguments():
+    parameters = set(inspect.signature(orbitask.run_experiment).parameters)
+    assert parameters - set(settings.DECLARED) == OWN_ARGUMENTS
+
+
+def test_the_docs_name_only_declared_settings():
+    """docs/reference.md (and every page) names a `run_experiment.<name>` binding only for a
+    declared setting or one of run_experiment's own arguments."""
+    pages = [*sorted(REPO.glob("docs/*.md")), REPO / "README.md"]
+    for page in pages:
+        named = set(re.findall(r"run_experiment\.(\w+)", page.read_text()))
+        unknown = sorted(named - set(settings.DECLARED) - OWN_ARGUMENTS)
+        assert not unknown, f"{page.relative_to(REPO)} names no such setting: {unknown}"
+    assert REPO / "docs" / "reference.md" in pages
 
 
 def test_every_run_experiment_argument_reaches_its_group_by_name(monkeypatch):
@@ -112,7 +142,7 @@ def test_every_run_experiment_argument_reaches_its_group_by_name(monkeypatch):
             return {}
 
     monkeypatch.setattr(experiment, "ExperimentRunner", Capture)
-    given = {name: f"value of {name}" for name in settings.defaults()}
+    given = {name: f"value of {name}" for name in settings.DECLARED}
     experiment.run_experiment(task=object(), model_dir="unused", mode="train", **given)
     assert received["mode"] == "train"
     assert settings.flat(received["settings"]) == given

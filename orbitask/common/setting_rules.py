@@ -1,9 +1,10 @@
 """The type and range rule of every framework setting, keyed by its gin binding, and their check.
 
-`RULES` is the one table for the settings `configs/defaults.gin` lists (`run_experiment`'s,
-`NanGuard`'s, `ValidationControl`'s, `learning_rate_schedule`'s, `ExponentialMovingAverage`'s
-and `Task`'s). A value that breaks its rule is one
-`ConfigError` line, raised before any work:
+`RULES` is the table for the settings `configs/defaults.gin` lists of `NanGuard`,
+`ValidationControl`, `learning_rate_schedule`, `ExponentialMovingAverage` and `Task`, and for
+`run_experiment.fast_dev_run`; `run_experiment`'s settings declare their rules with themselves
+(`trainers.run.settings`) and are checked against them here. A value that breaks its rule is
+one `ConfigError` line, raised before any work:
 
     Expected a positive integer. Received: steps_per_loop=0 of type int. Fix
     orbitask.run_experiment.steps_per_loop in your experiment's .gin file or with --gin_params.
@@ -85,38 +86,7 @@ STEPS = Rule(POSITIVE_INT.expected, lambda v: v is None or POSITIVE_INT.accepts(
 
 # gin binding (without the `orbitask.` prefix) -> rule.
 RULES: Mapping[str, Rule] = {
-    "run_experiment.train_steps": STEPS,
-    "run_experiment.train_epochs": POSITIVE_INT.or_none(),
-    "run_experiment.global_batch_size": POSITIVE_INT,
-    "run_experiment.learning_rate": LEARNING_RATE,
-    "run_experiment.steps_per_loop": POSITIVE_INT,
-    "run_experiment.metrics_window": POSITIVE_INT.or_none(),
-    "run_experiment.loop_seconds": POSITIVE_NUMBER.or_none(),
-    "run_experiment.eval_interval": POSITIVE_INT.or_none(),
-    "run_experiment.eval_seconds": POSITIVE_NUMBER.or_none(),
-    "run_experiment.eval_steps": POSITIVE_INT.or_none(),
-    "run_experiment.checkpoint_interval": POSITIVE_INT.or_none(),
-    "run_experiment.checkpoint_seconds": POSITIVE_NUMBER.or_none(),
-    "run_experiment.max_to_keep": POSITIVE_INT.or_none(),
-    "run_experiment.keep_input_positions": NON_NEGATIVE_INT,
-    "run_experiment.train_prefetch": POSITIVE_INT.or_none(),
-    "run_experiment.train_prefetch_bytes": POSITIVE_INT.or_none(),
-    "run_experiment.async_checkpoints": BOOL,
-    "run_experiment.max_time": DURATION,
-    "run_experiment.stop_signals": SIGNAL_NAMES,
-    "run_experiment.requeue": BOOL,
-    "run_experiment.use_tf_while_loop": BOOL,
-    "run_experiment.jit_compile": BOOL,
-    "run_experiment.run_eagerly": BOOL,
     "run_experiment.fast_dev_run": BOOL,
-    "run_experiment.progress": BOOL,
-    "run_experiment.continuous_eval_timeout": POSITIVE_NUMBER.or_none(),
-    "run_experiment.seed": NON_NEGATIVE_INT.or_none(),
-    "run_experiment.cpu_devices": POSITIVE_INT.or_none(),
-    "run_experiment.gradient_accumulation_steps": POSITIVE_INT,
-    "run_experiment.histogram_interval": POSITIVE_INT.or_none(),
-    "run_experiment.export_at_end": BOOL,
-    "run_experiment.eval_at_start": BOOL,
     "ValidationControl.higher_is_better": BOOL,
     "ValidationControl.halve_lr_on_worse": BOOL,
     "ValidationControl.lr_multiplier": POSITIVE_NUMBER,
@@ -147,15 +117,16 @@ RULES: Mapping[str, Rule] = {
 }
 
 
-def check(owner: str, values: Mapping[str, Any]) -> None:
+def check(owner: str, values: Mapping[str, Any], rules: Mapping[str, Rule] = RULES) -> None:
     """Checks `values` (setting name -> value) of `owner` ("run_experiment", "NanGuard",
-    "ValidationControl" or "Task") against `RULES`, in table order. Eager; returns None.
+    "ValidationControl" or "Task") against `rules` (gin binding -> rule), in table order.
+    Eager; returns None.
 
     Raises:
       ConfigError: for the first value its rule refuses, naming the gin binding to fix.
     """
     prefix = f"{owner}."
-    for binding, rule in RULES.items():
+    for binding, rule in rules.items():
         name = binding[len(prefix) :]
         if not binding.startswith(prefix) or name not in values:
             continue

@@ -10,9 +10,10 @@ newest). `output_dir`: where an evaluation mode writes `eval/` (None: `model_dir
 TensorBoard's `train/` and `eval/` go (None: `model_dir`, `output_dir`), a platform's TensorBoard
 folder; the loggers' files stay in `model_dir`. `fast_dev_run`: one training
 step and one evaluation step (`fast_dev_run`; predict: one prediction step), nothing written to
-`model_dir`. Every other argument is the field of that name of one group in `settings`
-(`LoopSettings`, ...), documented there, and is handed to it by name; configs/defaults.gin lists
-them all.
+`model_dir`. Every other argument is a setting, keyword-only, declared once in
+`trainers.run.settings` (its default, rule, group and doc line): the signature lists them from
+those declarations (gin binds by it), `run_experiment` groups them into `Settings` by name, and
+configs/defaults.gin lists them all.
 
 It returns `{"train": logs, "eval": logs, "best": best}`, plus `"export"` (the SavedModel folder)
 when one was written, `"evaluated"` (`{"checkpoint", "step", "eval"}` each) for eval_checkpoint or
@@ -23,6 +24,7 @@ evaluated nothing (mode train, `fast_dev_run`, a worker other than the chief).
 
 from __future__ import annotations
 
+import inspect
 import tempfile
 from dataclasses import replace
 from typing import Any
@@ -32,22 +34,12 @@ import gin
 from orbitask.common import files, setting_rules
 from orbitask.tasks import model_garden
 from orbitask.trainers import compat
+from orbitask.trainers.errors import ConfigError
 from orbitask.trainers.run import messages, predicting
 from orbitask.trainers.run.runner import ExperimentRunner
-from orbitask.trainers.run.settings import (
-    CheckpointSettings,
-    DistributionSettings,
-    EvalSettings,
-    FeatureSettings,
-    LoopSettings,
-    Settings,
-    defaults,
-)
-
-_D = defaults()  # every setting's default has one home: the settings' groups
+from orbitask.trainers.run.settings import DECLARED, Settings, grouped
 
 
-@gin.configurable("run_experiment", module="orbitask")
 def run_experiment(
     task: Any = gin.REQUIRED,
     model_dir: str = gin.REQUIRED,
@@ -56,86 +48,56 @@ def run_experiment(
     output_dir: str | None = None,
     summary_dir: str | None = None,
     fast_dev_run: bool = False,
-    train_steps: int | None = gin.REQUIRED,
-    train_epochs: int | None = _D["train_epochs"],
-    global_batch_size: int = _D["global_batch_size"],
-    learning_rate: Any = _D["learning_rate"],
-    steps_per_loop: int = _D["steps_per_loop"],
-    loop_seconds: float | None = _D["loop_seconds"],
-    metrics_window: int | None = _D["metrics_window"],
-    eval_interval: int | None = _D["eval_interval"],
-    eval_seconds: float | None = _D["eval_seconds"],
-    eval_steps: int | None = _D["eval_steps"],
-    checkpoint_interval: int | None = _D["checkpoint_interval"],
-    checkpoint_seconds: float | None = _D["checkpoint_seconds"],
-    max_to_keep: int | None = _D["max_to_keep"],
-    keep_input_positions: int = _D["keep_input_positions"],
-    train_prefetch: int | None = _D["train_prefetch"],
-    train_prefetch_bytes: int | None = _D["train_prefetch_bytes"],
-    async_checkpoints: bool = _D["async_checkpoints"],
-    max_time: float | str | None = _D["max_time"],
-    stop_signals: Any = _D["stop_signals"],
-    requeue: bool = _D["requeue"],
-    strategy: Any = _D["strategy"],
-    use_tf_while_loop: bool = _D["use_tf_while_loop"],
-    progress: bool = _D["progress"],
-    continuous_eval_timeout: float | None = _D["continuous_eval_timeout"],
-    nan_guard: Any = _D["nan_guard"],
-    seed: int | None = _D["seed"],
-    cpu_devices: int | None = _D["cpu_devices"],
-    gradient_accumulation_steps: int = _D["gradient_accumulation_steps"],
-    validation_control: Any = _D["validation_control"],
-    eval_at_start: bool = _D["eval_at_start"],
-    jit_compile: bool = _D["jit_compile"],
-    run_eagerly: bool = _D["run_eagerly"],
-    histogram_interval: int | None = _D["histogram_interval"],
-    profile_steps: Any = _D["profile_steps"],
-    warm_start: Any = _D["warm_start"],
-    mixed_precision: str | None = _D["mixed_precision"],
-    ema: Any = _D["ema"],
-    export_at_end: bool = _D["export_at_end"],
-    loggers: Any = _D["loggers"],
+    *,
     params: Any = None,
+    **settings: Any,
 ) -> dict:
     """Trains, evaluates or predicts with `task` under `model_dir` (the module docstring); eager.
-    Returns `{"train": logs, "eval": logs, ...}`; a bad setting: `ConfigError`, before any work."""
-    settings = Settings(
-        loop=LoopSettings(
-            train_steps=_steps(train_steps, train_epochs), train_epochs=train_epochs,
-            global_batch_size=global_batch_size, learning_rate=learning_rate,
-            steps_per_loop=steps_per_loop, loop_seconds=loop_seconds,
-            metrics_window=metrics_window, use_tf_while_loop=use_tf_while_loop,
-            jit_compile=jit_compile, run_eagerly=run_eagerly,
-            gradient_accumulation_steps=gradient_accumulation_steps, seed=seed, progress=progress,
-        ),
-        checkpoints=CheckpointSettings(
-            checkpoint_interval=checkpoint_interval, checkpoint_seconds=checkpoint_seconds,
-            max_to_keep=max_to_keep, warm_start=warm_start,
-            keep_input_positions=keep_input_positions, train_prefetch=train_prefetch,
-            train_prefetch_bytes=train_prefetch_bytes, async_checkpoints=async_checkpoints,
-            max_time=max_time, stop_signals=stop_signals, requeue=requeue,
-        ),
-        evaluation=EvalSettings(
-            eval_interval=eval_interval, eval_seconds=eval_seconds, eval_steps=eval_steps,
-            continuous_eval_timeout=continuous_eval_timeout,
-            validation_control=validation_control, eval_at_start=eval_at_start,
-        ),
-        distribution=DistributionSettings(strategy=strategy, cpu_devices=cpu_devices),
-        features=FeatureSettings(
-            nan_guard=nan_guard, mixed_precision=mixed_precision, ema=ema,
-            histogram_interval=histogram_interval, profile_steps=profile_steps,
-            export_at_end=export_at_end, loggers=loggers,
-        ),
-    )  # fmt: skip
+    Returns `{"train": logs, "eval": logs, ...}`; a bad setting: `ConfigError`, before any work.
+    `settings`: the keyword arguments its signature lists after `fast_dev_run`."""
+    chosen = _settings(settings)
     task = task if params is None else model_garden.with_experiment(task, params)
     return _run(
-        task, model_dir, mode, settings, eval_checkpoint, output_dir, fast_dev_run, summary_dir
+        task, model_dir, mode, chosen, eval_checkpoint, output_dir, fast_dev_run, summary_dir
     )
 
 
-def _steps(train_steps: Any, train_epochs: int | None) -> Any:
-    """`train_steps`, or None where epochs are set and TRAIN_STEPS is not (it need not be)."""
-    return None if train_epochs is not None and train_steps is gin.REQUIRED else train_steps
+def _signature(fn: Any) -> inspect.Signature:
+    """`fn`'s signature with `**settings` replaced by each declared setting, keyword-only, with
+    its default (train_steps: gin.REQUIRED) and type, before `params`: what gin binds by, and
+    what `inspect.signature` and `help` show."""
+    own = [p for p in inspect.signature(fn).parameters.values() if p.kind != p.VAR_KEYWORD]
+    settings = [
+        inspect.Parameter(
+            name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type
+        )
+        for name, f in DECLARED.items()
+    ]
+    return inspect.Signature([*own[:-1], *settings, own[-1]], return_annotation=dict)
+
+
+run_experiment.__signature__ = _signature(run_experiment)
+run_experiment = gin.configurable("run_experiment", module="orbitask")(run_experiment)
+
+
+def _settings(values: dict[str, Any]) -> Settings:
+    """Groups `run_experiment`'s setting arguments by name (one left out keeps its default;
+    `train_steps` is None where `train_epochs` is set and it is not). Eager.
+
+    Raises:
+      ConfigError: naming the arguments that are no setting.
+    """
+    if unknown := sorted(set(values) - set(DECLARED)):
+        raise ConfigError(
+            f"run_experiment got unexpected keyword arguments {unknown}; its settings are "
+            "listed in configs/defaults.gin."
+        )
+    if (
+        values.get("train_steps", gin.REQUIRED) is gin.REQUIRED
+        and values.get("train_epochs") is not None
+    ):
+        values = {**values, "train_steps": None}  # epochs set: TRAIN_STEPS need not be
+    return grouped(values)
 
 
 def _run(task, model_dir, mode, settings, chosen, output_dir, quick, summary_dir) -> dict:
