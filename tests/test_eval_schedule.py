@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from orbitask import run_experiment
 from orbitask.trainers.actions.evaluation_points import evaluation_entry
+from orbitask.trainers.actions.triggers import Trigger
 from orbitask.trainers.run.controller import Controller
 from tests import faults
 from tests.helpers import StepTrainer, TinyTask
@@ -23,13 +24,15 @@ from tests.helpers import StepTrainer, TinyTask
 
 def eval_points(step, train_steps, interval):
     """The steps after `step` and up to `train_steps` the `evaluation` entry is due at."""
-    return evaluation_entry(None, train_steps, interval, None).when.due_steps(step + 1, train_steps)
+    when = Trigger(every_steps=interval, at_steps=(train_steps,))
+    return evaluation_entry(None, when, train_steps).when.due_steps(step + 1, train_steps)
 
 
 def last_eval_point(step, train_steps, interval):
     """The last evaluation point at or before `step` (0: none) the entry gives its `at_start`."""
     points = []
-    entry = evaluation_entry(None, train_steps, interval, None, lambda _, p: points.append(p))
+    when = Trigger(every_steps=interval, at_steps=(train_steps,))
+    entry = evaluation_entry(None, when, train_steps, lambda _, p: points.append(p))
     entry.at_start(step)
     return points[0]
 

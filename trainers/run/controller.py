@@ -151,11 +151,14 @@ class Controller(orbit.Controller):
         eval_steps: int = -1,
         eval_interval: int | None = None,
         eval_seconds: float | None = None,
+        when: Trigger | None = None,
     ) -> dict | None:
         """Trains until step `train_steps`, evaluating for `eval_steps` at each evaluation point
         (Orbit's `train_and_evaluate` with the points fixed by the step, not by the start),
         and with `eval_seconds` also after the device loop that ends that many seconds of
-        training after the last evaluation (module docstring). With `evaluated_step`, first
+        training after the last evaluation (module docstring). `when`: the evaluation's
+        `Trigger` whole instead (a run's, from its settings), which `eval_interval` and
+        `eval_seconds` then leave alone. With `evaluated_step`, first
         evaluates an evaluation point the checkpoint did not record; with `eval_at_start`,
         first evaluates where no evaluation is recorded. Eager; returns the last evaluation's
         logs (None if none ran)."""
@@ -179,9 +182,10 @@ class Controller(orbit.Controller):
                 logging.info("evaluation of step %d not recorded: evaluating at %d", due, step)
                 evaluate({})
 
-        entry = evaluation_entry(
-            evaluate, train_steps, eval_interval, eval_seconds, at_start=first_evaluation
+        when = when or Trigger(
+            every_steps=eval_interval or None, every_secs=eval_seconds, at_steps=(train_steps,)
         )
+        entry = evaluation_entry(evaluate, when, train_steps, at_start=first_evaluation)
         with self.schedule.including(entry):
             self.train(train_steps, checkpoint_at_completion=False)
         output = outputs[-1]

@@ -19,6 +19,7 @@ from absl import logging
 from orbitask.common.errors import one_line
 from orbitask.tasks import CallbackContext
 from orbitask.trainers.actions import summaries
+from orbitask.trainers.actions.triggers import Trigger
 from orbitask.trainers.engine import evaluation, step_errors
 from orbitask.trainers.errors import EarlyStop
 from orbitask.trainers.features.nan_guard import ZeroedSteps
@@ -347,9 +348,8 @@ def run_controller(
     if mode == "train":
         controller.train(train_steps)
     elif mode == "train_and_eval":
-        controller.train_and_evaluate(
-            train_steps, eval_steps, evaluation.eval_interval, evaluation.eval_seconds
-        )
+        when = evaluation_trigger(train_steps, evaluation)
+        controller.train_and_evaluate(train_steps, eval_steps, when=when)
     elif mode == "eval":
         controller.evaluate(eval_steps)
     else:
@@ -361,6 +361,16 @@ def run_controller(
             timeout_fn=lambda: train_steps is not None and int(global_step.numpy()) >= train_steps,
             waiting=waiting,
         )
+
+
+def evaluation_trigger(train_steps: int, evaluation: EvalSettings) -> Trigger:
+    """When train_and_eval evaluates: at the multiples of `eval_interval` counted from step 0,
+    at `train_steps`, and `eval_seconds` of training after the last evaluation."""
+    return Trigger(
+        every_steps=evaluation.eval_interval,
+        every_secs=evaluation.eval_seconds,
+        at_steps=(train_steps,),
+    )
 
 
 def export_model(
