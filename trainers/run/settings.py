@@ -219,14 +219,10 @@ RULES = {
 def grouped(values: dict[str, Any]) -> Settings:
     """The Settings holding `values` (setting name -> value; one left out keeps its default),
     the inverse of `flat`. Eager."""
-    return Settings(
-        **{
-            field: group(
-                **{f.name: values[f.name] for f in dataclasses.fields(group) if f.name in values}
-            )
-            for field, group in _GROUPS.items()
-        }
-    )
+    groups: dict[str, dict] = {field: {} for field in _GROUPS}
+    for name, value in values.items():
+        groups[_GROUP_OF[name]][name] = value
+    return Settings(**{field: _GROUPS[field](**given) for field, given in groups.items()})
 
 
 def flat(settings: Settings) -> dict[str, Any]:
