@@ -57,7 +57,7 @@ def session_report() -> Callable[[dict], None] | None:
             os.write(int(fd), (json.dumps(row) + "\n").encode())  # the worker reads lines
 
         return send
-    if "ray" not in sys.modules:  # no Ray in this process: not inside a session
+    if sys.modules.get("ray") is None:  # no Ray in this process: not inside a session
         return None
     import ray.train
     import ray.tune
