@@ -9,18 +9,29 @@ Default `train_step`, per replica, inside `strategy.run` under `tf.function`::
     inputs = input_pre(batch, lr)
     outputs = model(inputs, training=True)
     loss_input = loss_pre(outputs, batch, model, lr)
-    loss = loss_fn(loss_input)
+    loss = loss_fn(loss_input) * example_weights(batch)  # loss_reduction "mean": x examples too
     loss_per_batch, extra_loss, trainable_vars = grad_pre(loss, outputs, batch, model, loss_fn, lr)
-    scaled = loss_per_batch / global_batch_size + extra_loss / num_replicas
+    scaled = sum(loss_per_batch) / count + this replica's share of extra_loss
+    replica_gradients = d scaled / d trainable_vars
     process_metrics(metrics, labels, outputs)       # labels: gt of an (inputs, gt) batch
-    gradients = all_reduce_sum(d scaled / d trainable_vars)
+    gradients = all_reduce_sum(replica_gradients)
     update_gradients, display_gradients = update_pre(gradients, loss, outputs, batch, model,
                                                      loss_fn, lr, optimizer)
     optimizer.apply_gradients(zip(update_gradients, trainable_vars))   # applied once
 
+`count` is `global_batch_size` for full batches, else the examples the step really has (summed
+over replicas), or the sum over replicas of a fourth value `grad_pre` returns (its own count:
+tokens, frames). Of `extra_loss` (`tasks.extra_losses`), terms independent of the batch are
+divided by the replica count, batch means weighted by this replica's share of the examples, batch
+sums taken as they are. Summed over replicas, the gradients are one device's on the whole global
+batch. Under mixed_float16, `scaled` is multiplied by the loss scale before differentiation and
+the gradients divided back; the loss scale and the NaN guard check the all-reduced gradients are
+finite.
+
 With gradient accumulation over K batches, the lines up to `process_metrics` run once per
-micro-batch (with `global_batch_size` and the extra-loss divisor both K times larger) and their
-gradients are summed before the single all-reduce, `update_pre` and update.
+micro-batch (`count` then the examples of all K, the batch-independent extra losses divided by K
+times the replica count) and their gradients are summed before the single all-reduce,
+`update_pre` and update.
 """
 
 from __future__ import annotations
@@ -42,8 +53,7 @@ def batch_size(tree: Any) -> tf.Tensor:
 
 def labels_of(batch: Any) -> Any:
     """Returns a batch's labels: `gt` of an `(inputs, gt)` or `(inputs, gt, weights)` batch, else
-    the batch itself (Model
-    Garden's rule in `base_task.Task.train_step`). Eager or traced."""
+    the batch itself (Model Garden's rule in `base_task.Task.train_step`). Eager or traced."""
     if isinstance(batch, (tuple, list)) and len(batch) in (2, 3):
         return batch[1]
     return batch
