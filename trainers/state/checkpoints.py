@@ -3,8 +3,9 @@ operative gin config is `trainers.state.settings_record`).
 
 - A damaged state file (`checkpoint`: unreadable, empty, garbled, missing, or naming a checkpoint
   that is not there) is named in a warning, and the manager holds the checkpoints found by their
-  files (`ckpt-<N>.index`, `trainers.state.checkpoint_files`); a run never starts afresh over
-  existing checkpoints.
+  files (`ckpt-<N>.index`, `trainers.state.checkpoint_files`). A run starts afresh over
+  existing checkpoint files only when none of them finished saving (the state file names none
+  and none reads back: `trainers.state.checkpoint_restore`).
 - A save that finds the device full removes its half-written files, keeps the previous
   checkpoint, and stops with one line (`SafeCheckpointManager`).
 
