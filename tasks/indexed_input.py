@@ -2,10 +2,11 @@
 
 `build_inputs` may return one instead of a `tf.data.Dataset`. Example `g` of the global stream
 (counting from the start of training, across epochs) is source example
-`index_shuffle(g % size, seed=[seed, g // size])`: a global shuffle, new every epoch, with no
-shuffle buffer. Step s takes the global batch of examples `[s*B, (s+1)*B)`; replica r (counted over
-every worker) takes the r-th per-replica slice of it. Which examples a replica sees is therefore a
-pure function of the step, the global batch and the replica's index:
+`index_shuffle(g % size, seed=[_SEED_PAD, seed, g // size])` (`shuffle=False`: `g % size`): a
+global shuffle, new every epoch, with no shuffle buffer. Step s takes the global batch of
+examples `[s*B, (s+1)*B)`; replica r (counted over every worker) takes the r-th per-replica
+slice of it. Which examples a replica sees is therefore a pure function of the step, the global
+batch and the replica's index:
 
 - the saved input position is the count of examples taken (a few bytes), whatever the record size;
 - a resumed run continues from the same global example on any number of workers or replicas;
