@@ -3,10 +3,12 @@
 An Orbit eval action (`trainers.features.validation_action`). Each evaluation's chosen
 metric is compared with the best so far; a better one is exported to `model_dir/best/`
 (`best_ckpt-<step>`, the newest `keep_best` kept, and `info.json` written by
-`official.core.train_utils.BestCheckpointExporter`). A worse one (not better) is counted and
-halves the learning rate; with `go_back` training first returns to the best checkpoint (weights,
-optimizer, step, input position), keeping the learning rate and the control's counts. With
-`restore_best` the final checkpoint and export hold the best weights.
+`official.core.train_utils.BestCheckpointExporter`). A worse one (not better) is counted and,
+with `halve_lr_on_worse` (the default), multiplies the learning rate by `lr_multiplier` (0.5);
+training stops when the count reaches `early_stop_patience`. With `go_back` training first
+returns to the best checkpoint (weights, optimizer, step, input position), keeping the learning
+rate and the control's counts. With `restore_best` the final checkpoint and export hold the
+best weights.
 
 The state that decides what happens next (the best value, the count of worse validations; the
 learning-rate factor is the run's) lives in variables of the run's checkpoint, which the action
