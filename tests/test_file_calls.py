@@ -44,7 +44,7 @@ ALLOWED = {
     "of dead workers",
     ("trainers/state/model_dir_lock.py", "acquire"): "flock: a local or NFS lock file",
     ("trainers/state/model_dir_lock.py", "holder"): "flock: a local or NFS lock file",
-    ("trainers/state/loggers.py", "_name"): "a local model directory's name (is_local first)",
+    ("trainers/state/loggers.py", "run_name"): "a local model directory's name (is_local first)",
     ("trainers/commands/compare.py", "names"): "local runs' names (is_local first)",
     ("trainers/commands/compare.py", "common_folder"): "local runs' folder (is_local first)",
     ("trainers/commands/sweep.py", "_processes"): "a sweep's folder: SQLite and flock, local",

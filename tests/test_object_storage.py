@@ -176,14 +176,14 @@ def test_report_over_one_run_and_several(runs, capsys, tmp_path, monkeypatch):
 
 
 def test_the_id_files_of_mlflow_and_wandb_on_object_storage():
-    from orbitask.trainers.state import loggers
+    from orbitask.trainers.state import loggers, tracking_loggers
 
     folder = f"{BUCKET}/ids"
     files.makedirs(folder)
-    loggers._write(f"{folder}/wandb_run_id", "abc")
-    assert loggers._read(f"{folder}/wandb_run_id") == "abc"
-    assert loggers._read(f"{folder}/mlflow_run_id") is None
-    assert loggers._name(f"{BUCKET}/runs/digits/") == "digits"
+    tracking_loggers._write(f"{folder}/wandb_run_id", "abc")
+    assert tracking_loggers._read(f"{folder}/wandb_run_id") == "abc"
+    assert tracking_loggers._read(f"{folder}/mlflow_run_id") is None
+    assert loggers.run_name(f"{BUCKET}/runs/digits/") == "digits"
 
 
 @pytest.mark.parametrize("flag", ["--model_dir", "--output_dir"])

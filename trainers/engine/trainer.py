@@ -192,28 +192,11 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
 
     def create_train_loop_fn(self):
         """A tf.function running `num_steps` steps and returning the last step's logs."""
-        step = self.train_step
-        guard = self.nan_guard
         self.step.reset()  # a new loop function retraces the step, compiled parts included
-        record = self._history_row if self.record_history else None
-        sync = self.copies_learning_rate_in_loop
-
         if not self._use_tf_while_loop:
-            step_fn = tf.function(step)
-
-            def python_loop(iterator, num_steps):
-                if sync:
-                    self.objects.learning_rate.sync(self.optimizer)
-                logs = step_fn(iterator)
-                rows = [record(logs)] if record else []
-                for _ in range(int(num_steps) - 1):
-                    if guard is not None and bool(guard.tripped()):
-                        break
-                    logs = step_fn(iterator)
-                    rows += [record(logs)] if record else []
-                return self._loop_output(logs, tf.stack(rows) if record else None)
-
-            return python_loop
+            return self._python_loop_fn()
+        step, guard = self.train_step, self.nan_guard
+        record = self._history_row if self.record_history else None
 
         def more(i, num_steps):
             # The loops use `while more(...)`, never `break`: for a loop with a `break`,
@@ -224,8 +207,7 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
 
         @tf.function
         def loop(iterator, num_steps):
-            if sync:
-                self.objects.learning_rate.sync(self.optimizer)
+            self._rate_into_optimizer()
             traced, logs, invariants = steps.traced_once(step, iterator, self._loop)
             i = tf.zeros_like(num_steps)
             while more(i, num_steps):  # a tripped NaN guard hands over to the host
@@ -236,8 +218,7 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
 
         @tf.function
         def recording_loop(iterator, num_steps):
-            if sync:
-                self.objects.learning_rate.sync(self.optimizer)
+            self._rate_into_optimizer()
             traced, logs, invariants = steps.traced_once(step, iterator, self._loop)
             # The rows hold the float32 scalar logs, so the loop carries only the others: a
             # log carried as well as recorded costs about 2% of the MLP's step (RESULTS.md).
@@ -257,6 +238,30 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
             return self._loop_output(logs, rows)
 
         return recording_loop if record else loop
+
+    def _python_loop_fn(self):
+        """The device loop as a Python loop over the traced step (`use_tf_while_loop=False`)."""
+        step_fn, guard = tf.function(self.train_step), self.nan_guard
+        record = self._history_row if self.record_history else None
+
+        def python_loop(iterator, num_steps):
+            self._rate_into_optimizer()
+            logs = step_fn(iterator)
+            rows = [record(logs)] if record else []
+            for _ in range(int(num_steps) - 1):
+                if guard is not None and bool(guard.tripped()):
+                    break
+                logs = step_fn(iterator)
+                rows += [record(logs)] if record else []
+            return self._loop_output(logs, tf.stack(rows) if record else None)
+
+        return python_loop
+
+    def _rate_into_optimizer(self) -> None:
+        """First in a loop function (traced): `lr` into the optimizer, where the loop copies
+        it (`copies_learning_rate_in_loop`)."""
+        if self.copies_learning_rate_in_loop:
+            self.objects.learning_rate.sync(self.optimizer)
 
     def _loop_output(self, logs: dict, history: tf.Tensor | None = None) -> dict:
         """What a device loop returns (traced): the last step's logs, the metric results, the

@@ -30,10 +30,68 @@ import tf_keras
 from orbitask.common import keras_compat, setting_rules
 from orbitask.trainers.errors import ConfigError
 
-KINDS = ("constant", "exponential", "cosine", "piecewise", "polynomial", "inverse_sqrt",
-         "cosine_restarts")  # fmt: skip
-_DECAYING = ("exponential", "cosine", "polynomial", "cosine_restarts")  # need decay_steps
 DEFAULT_RATE = 1e-3  # what build_optimizer gets when run_experiment.learning_rate is unset
+
+
+def _piecewise(a: dict) -> Any:
+    boundaries, values = a["boundaries"], a["values"]
+    bounds, rates = list(boundaries), [float(v) for v in values]
+    if not bounds or len(rates) != len(bounds) + 1 or bounds != sorted(set(bounds)):
+        raise ConfigError(
+            "`learning_rate_schedule.boundaries` must be rising steps and `values` one rate more "
+            f"than boundaries for kind='piecewise'; received boundaries={tuple(boundaries)!r}, "
+            f"values={tuple(values)!r}."
+        )
+    return tf_keras.optimizers.schedules.PiecewiseConstantDecay(bounds, rates)
+
+
+def _inverse_sqrt(a: dict) -> Any:
+    # Imported here: `official` pulls in tfds, pandas, ... (+25 MB, seconds of start-up).
+    from official.modeling.optimization import lr_schedule
+
+    return lr_schedule.DirectPowerDecay(a["initial"], power=-0.5)
+
+
+_KERAS = tf_keras.optimizers.schedules
+# Each kind of `learning_rate_schedule`: `(builder, needs decay_steps)`, the builder taking the
+# arguments by name. Each is Keras's (tf_keras) or Model Garden's schedule of that name:
+SCHEDULES = {
+    # `initial`
+    "constant": (lambda a: _Constant(a["initial"]), False),
+    # (nabu's) `initial * decay_rate ** (step / decay_steps)`
+    "exponential": (
+        lambda a: _KERAS.ExponentialDecay(a["initial"], a["decay_steps"], a["decay_rate"]),
+        True,
+    ),
+    # to `alpha * initial` at `decay_steps`
+    "cosine": (
+        lambda a: _KERAS.CosineDecay(a["initial"], a["decay_steps"], alpha=a["alpha"]),
+        True,
+    ),
+    # (stepwise) `values[i]` up to `boundaries[i]`, the last value after the last boundary (one
+    # more value than boundaries)
+    "piecewise": (_piecewise, False),
+    # from `initial` to `end` at `decay_steps` along `(1 - step / decay_steps) ** power`
+    "polynomial": (
+        lambda a: _KERAS.PolynomialDecay(
+            a["initial"], a["decay_steps"], a["end"], power=a["power"]
+        ),
+        True,
+    ),
+    # (the Transformer's) `initial * step ** -0.5` (Model Garden's `DirectPowerDecay`); with
+    # `warmup_steps`, the linear warm-up reaches it there, as the Transformer tutorial's
+    # schedule with `initial = d_model ** -0.5`
+    "inverse_sqrt": (_inverse_sqrt, False),
+    # cosine periods, the first `decay_steps` long, each `t_mul` times longer and `m_mul` times
+    # higher than the last, to `alpha * initial`
+    "cosine_restarts": (
+        lambda a: _KERAS.CosineDecayRestarts(
+            a["initial"], a["decay_steps"], a["t_mul"], a["m_mul"], a["alpha"]
+        ),
+        True,
+    ),
+}
+KINDS = tuple(SCHEDULES)
 
 
 @gin.configurable("learning_rate_schedule", module="orbitask")
@@ -54,22 +112,11 @@ def learning_rate_schedule(
 ) -> Any:
     """Returns a `step -> learning rate` schedule. Eager; the result is traced into the step.
 
-    Each kind is Keras's (tf_keras) or Model Garden's schedule of that name:
-
-    - "constant": `initial`.
-    - "exponential" (nabu): `initial * decay_rate ** (step / decay_steps)` (`ExponentialDecay`).
-    - "cosine": to `alpha * initial` at `decay_steps` (`CosineDecay`).
-    - "piecewise" (stepwise): `values[i]` up to `boundaries[i]`, the last value after the last
-      boundary (`PiecewiseConstantDecay`; one more value than boundaries).
-    - "polynomial": from `initial` to `end` at `decay_steps` along `(1 - step / decay_steps) **
-      power` (`PolynomialDecay`).
-    - "inverse_sqrt" (the Transformer's): `initial * step ** -0.5` (Model Garden's
-      `DirectPowerDecay`); with `warmup_steps`, the linear warm-up reaches it there, as the
-      Transformer tutorial's schedule with `initial = d_model ** -0.5`.
-    - "cosine_restarts": cosine periods, the first `decay_steps` long, each `t_mul` times longer
-      and `m_mul` times higher than the last, to `alpha * initial` (`CosineDecayRestarts`).
-
-    A Keras `LearningRateSchedule` object (or any `step -> rate` callable) bound to
+    Each kind is Keras's (tf_keras) or Model Garden's schedule of that name (`SCHEDULES` says
+    what each computes): "constant", "exponential" (`ExponentialDecay`), "cosine"
+    (`CosineDecay`), "piecewise" (`PiecewiseConstantDecay`), "polynomial" (`PolynomialDecay`),
+    "inverse_sqrt" (`DirectPowerDecay`), "cosine_restarts" (`CosineDecayRestarts`). A Keras
+    `LearningRateSchedule` object (or any `step -> rate` callable) bound to
     `run_experiment.learning_rate` works as well.
 
     Args:
@@ -92,50 +139,22 @@ def learning_rate_schedule(
     numbers.update(warmup_steps=warmup_steps, warmup_start=warmup_start, end=end, power=power)
     numbers.update(t_mul=t_mul, m_mul=m_mul)
     setting_rules.check("learning_rate_schedule", numbers)
-    if kind not in KINDS:
+    if kind not in SCHEDULES:
         raise ConfigError(
             f"`learning_rate_schedule.kind` must be one of {', '.join(KINDS)}; received {kind!r}."
         )
-    if kind in _DECAYING and not decay_steps:
+    build, decaying = SCHEDULES[kind]
+    if decaying and not decay_steps:
         raise ConfigError(
             f"`learning_rate_schedule.decay_steps` must be set for kind={kind!r} "
             "(e.g. TRAIN_STEPS); bind it in your .gin file."
         )
-    schedule = _schedule(kind, initial, decay_steps, decay_rate, alpha, boundaries, values, end,
-                         power, t_mul, m_mul)  # fmt: skip
+    schedule = build({**numbers, "boundaries": boundaries, "values": values})
     if warmup_steps:
-        # Imported here: `official` pulls in tfds, pandas, ... (+25 MB, seconds of start-up).
-        from official.modeling.optimization import lr_schedule
+        from official.modeling.optimization import lr_schedule  # (see `_inverse_sqrt`)
 
         schedule = lr_schedule.LinearWarmup(schedule, warmup_steps, warmup_start)
     return schedule
-
-
-def _schedule(kind, initial, decay_steps, decay_rate, alpha, boundaries, values, end, power,
-              t_mul, m_mul):  # fmt: skip
-    schedules = tf_keras.optimizers.schedules
-    if kind == "constant":
-        return _Constant(initial)
-    if kind == "exponential":
-        return schedules.ExponentialDecay(initial, decay_steps, decay_rate)
-    if kind == "cosine":
-        return schedules.CosineDecay(initial, decay_steps, alpha=alpha)
-    if kind == "polynomial":
-        return schedules.PolynomialDecay(initial, decay_steps, end, power=power)
-    if kind == "cosine_restarts":
-        return schedules.CosineDecayRestarts(initial, decay_steps, t_mul, m_mul, alpha)
-    if kind == "inverse_sqrt":
-        from official.modeling.optimization import lr_schedule
-
-        return lr_schedule.DirectPowerDecay(initial, power=-0.5)
-    bounds, rates = list(boundaries), [float(v) for v in values]
-    if not bounds or len(rates) != len(bounds) + 1 or bounds != sorted(set(bounds)):
-        raise ConfigError(
-            "`learning_rate_schedule.boundaries` must be rising steps and `values` one rate more "
-            f"than boundaries for kind='piecewise'; received boundaries={tuple(boundaries)!r}, "
-            f"values={tuple(values)!r}."
-        )
-    return schedules.PiecewiseConstantDecay(bounds, rates)
 
 
 class _Constant(tf_keras.optimizers.schedules.LearningRateSchedule):

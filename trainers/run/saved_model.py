@@ -71,19 +71,7 @@ def write(task: Any, model: Any, export_root: str, step: int, per_replica_batch_
     try:
         tf.io.gfile.makedirs(export_root)
         _remove_abandoned(export_root)
-        if isinstance(model, dict):
-            for name, one in model.items():
-                if not isinstance(name, str) or _NAME.search(name):
-                    raise ConfigError(
-                        f"build_model's dict key {name!r} names an export folder and must be "
-                        "letters, digits and _; rename it in your Task's build_model."
-                    )
-                _save(one, _model_inputs(one, name), os.path.join(temporary, name))
-        else:
-            specs = _model_inputs(model, None)
-            if specs is None:
-                specs = _data_inputs(task, per_replica_batch_size)
-            _save(model, specs, temporary)
+        _save_models(task, model, temporary, per_replica_batch_size)
         files.rmtree(final)
         files.rename_tree(temporary, final)
     except (tf.errors.OpError, OSError) as e:
@@ -104,6 +92,23 @@ def write(task: Any, model: Any, export_root: str, step: int, per_replica_batch_
     finally:
         _remove(temporary)
     return final
+
+
+def _save_models(task: Any, model: Any, folder: str, per_replica_batch_size: int) -> None:
+    """Saves `model` as a SavedModel in `folder`, or each model of a dict in `folder/<key>`."""
+    if isinstance(model, dict):
+        for name, one in model.items():
+            if not isinstance(name, str) or _NAME.search(name):
+                raise ConfigError(
+                    f"build_model's dict key {name!r} names an export folder and must be "
+                    "letters, digits and _; rename it in your Task's build_model."
+                )
+            _save(one, _model_inputs(one, name), os.path.join(folder, name))
+    else:
+        specs = _model_inputs(model, None)
+        if specs is None:
+            specs = _data_inputs(task, per_replica_batch_size)
+        _save(model, specs, folder)
 
 
 def _not_writable(error: BaseException) -> bool:

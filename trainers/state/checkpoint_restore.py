@@ -86,17 +86,7 @@ def restore_newest_readable(
         _go_on_from(manager, path, paths)
         return path
     if paths and not _recorded(manager.directory, paths):
-        # TensorFlow writes the state file only after a checkpoint's files are whole, so
-        # unreadable checkpoints that it does not name are saves cut short (a kill -9 while
-        # the first one was written): there is nothing to resume, and nothing good to lose.
-        _warn(
-            f"no checkpoint in {manager.directory} finished saving (the state file names none "
-            "of them): a save was cut short; starting afresh, the files are replaced as their "
-            "steps are saved again."
-        )
-        for bad in paths:
-            manager._maybe_delete.pop(bad, None)  # noqa: SLF001
-        manager._latest_checkpoint = None  # noqa: SLF001
+        _start_afresh(manager, paths)
         return None
     if paths:
         raise ConfigError(
@@ -104,6 +94,22 @@ def restore_newest_readable(
             "move that directory away (or use a new --model_dir) to start afresh."
         )
     return None
+
+
+def _start_afresh(manager: tf.train.CheckpointManager, paths: list[str]) -> None:
+    """Forgets the unreadable `paths` that the state file does not name, saying so.
+
+    TensorFlow writes the state file only after a checkpoint's files are whole, so unreadable
+    checkpoints that it does not name are saves cut short (a kill -9 while the first one was
+    written): there is nothing to resume, and nothing good to lose."""
+    _warn(
+        f"no checkpoint in {manager.directory} finished saving (the state file names none "
+        "of them): a save was cut short; starting afresh, the files are replaced as their "
+        "steps are saved again."
+    )
+    for bad in paths:
+        manager._maybe_delete.pop(bad, None)  # noqa: SLF001
+    manager._latest_checkpoint = None  # noqa: SLF001
 
 
 def _recorded(directory: str, paths: list[str]) -> list[str]:

@@ -7,15 +7,14 @@ resume, a NaN rollback) calls `deserialize`, on every worker. An async save
 training thread while it copies the values to write, so the position is the saved step's. Its
 saved value is a small JSON record; what it points to depends on the input:
 
-- `IteratorInput`, a `tf.data` pipeline: each worker writes its own iterator (buffers included)
-  to `<model_dir>/input/ckpt-<step>/worker-<i>-of-<n>` and keeps only the newest `keep` steps, so
-  the model directory holds at most `keep` input positions per worker whatever `max_to_keep` is.
-  A pipeline with a reshuffling `shuffle` also writes its seed generators' position beside it
-  (`trainers.state.shuffle_seeds`).
-  Restoring a checkpoint whose position was not kept, or one saved by another number of workers,
-  restarts the input from its beginning and says so. With `keep` 0, or a pipeline whose position
-  no checkpoint can hold (a Python generator: `leave_unsaved`), no position is written and every
-  restore restarts the input.
+- `IteratorInput`, a `tf.data` pipeline: each worker writes its own iterator (buffers included) to
+  `<model_dir>/input/ckpt-<step>/worker-<i>-of-<n>` and keeps only the newest `keep` steps, so the
+  model directory holds at most `keep` input positions per worker whatever `max_to_keep` is. A
+  pipeline with a reshuffling `shuffle` also writes its seed generators' position beside it
+  (`trainers.state.shuffle_seeds`). Restoring a checkpoint whose position was not kept, or one saved
+  by another number of workers, restarts the input from its beginning and says so. With `keep` 0, or
+  a pipeline whose position no checkpoint can hold (a Python generator: `leave_unsaved`), no
+  position is written and every restore restarts the input.
 - `IndexedInput` (`tasks.indexed_input`): the record is the count of global examples taken. A
   restore rebuilds the pipeline from there, on any number of workers or replicas.
 - Parameter-server `tf.data` input: per-worker iterators cannot be saved; a restore restarts the

@@ -11,16 +11,16 @@ the learning rate) also goes to each logger, keyed by step and split (`"train"`,
   final evaluations;
 - `'jsonl'`: `<model_dir>/metrics.jsonl` (`metrics_file`);
 - `'csv'`: `<model_dir>/metrics.csv`, one row a value: `step,split,name,value`;
-- `'mlflow'`: an MLflow run (where MLflow's own `MLFLOW_TRACKING_URI` says: a tracking server,
-  `http://HOST:5000`), its id kept in `<model_dir>/mlflow_run_id` so that a resumed run goes on
-  in it; the run's settings as its params; its end recorded as FINISHED, FAILED or KILLED
-  (SIGTERM, Ctrl-C). `pip install 'orbitask[mlflow]'` installs MLflow's client alone
+- `'mlflow'` (`tracking_loggers`): an MLflow run (where MLflow's own `MLFLOW_TRACKING_URI` says: a
+  tracking server, `http://HOST:5000`), its id kept in `<model_dir>/mlflow_run_id` so that a resumed
+  run goes on in it; the run's settings as its params; its end recorded as FINISHED, FAILED or
+  KILLED (SIGTERM, Ctrl-C). `pip install 'orbitask[mlflow]'` installs MLflow's client alone
   (`mlflow-skinny`), which cannot open MLflow's default store (SQLite): without
   `MLFLOW_TRACKING_URI` the run is refused before step 1 in one line.
-- `'wandb'`: a W&B run (W&B's own settings; `WANDB_MODE=offline` works without a network),
-  resumed by its id in `<model_dir>/wandb_run_id`; the settings as its config.
-  `pip install 'orbitask[wandb]'`. A new model directory's run takes `WANDB_RUN_ID` as its id
-  (a W&B sweep's agent sets it).
+- `'wandb'` (`tracking_loggers`): a W&B run (W&B's own settings; `WANDB_MODE=offline` works without
+  a network), resumed by its id in `<model_dir>/wandb_run_id`; the settings as its config.
+  `pip install 'orbitask[wandb]'`. A new model directory's run takes `WANDB_RUN_ID` as its id (a
+  W&B sweep's agent sets it).
 - `'hypertune'`: each evaluation's scalars to Vertex AI's tuning service (`tuning_loggers`).
   `pip install 'orbitask[hypertune]'`.
 - `'ray'`: each row to Ray Tune or Ray Train when the run is inside one (`ray_logger`);
@@ -43,8 +43,6 @@ import csv
 import importlib.util
 import io
 import os
-import time
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -53,7 +51,7 @@ from absl import logging
 from orbitask.common import files
 from orbitask.common.errors import one_line
 from orbitask.trainers.errors import ConfigError
-from orbitask.trainers.state import metrics_file, wandb_records
+from orbitask.trainers.state import metrics_file
 
 BUILT_IN = ("tensorboard", "jsonl", "csv", "mlflow", "wandb", "hypertune", "ray")
 _EXTRAS = {"mlflow": "mlflow", "wandb": "wandb", "hypertune": "hypertune"}
@@ -143,108 +141,6 @@ def _kept(row: list, train_step: int, eval_step: int) -> bool:
     return step <= (train_step if split == "train" else eval_step)
 
 
-class MlflowLogger(Logger):
-    """An MLflow run through `MlflowClient` (no global active run); resumed by its saved id."""
-
-    name = "mlflow"
-
-    def start(self, model_dir: str, params: Mapping[str, Any], step: int, resumed: bool) -> None:
-        self.client = _mlflow_client()
-        id_file = os.path.join(model_dir, "mlflow_run_id")
-        self.run_id = _read(id_file)
-        if self.run_id is not None:
-            self.client.update_run(self.run_id, status="RUNNING")
-        else:
-            name = _name(model_dir)
-            experiment = self.client.get_experiment_by_name("orbitask")
-            experiment_id = (
-                experiment.experiment_id
-                if experiment is not None
-                else self.client.create_experiment("orbitask")
-            )
-            self.run_id = self.client.create_run(experiment_id, run_name=name).info.run_id
-            _write(id_file, self.run_id)
-            from mlflow.entities import Param
-
-            kept = [Param(key, str(value)[:500]) for key, value in params.items()]
-            for i in range(0, len(kept), 100):  # one request per 100, MLflow's batch limit
-                self.client.log_batch(self.run_id, params=kept[i : i + 100])
-
-    def write(self, step: int, split: str, scalars: Mapping[str, float]) -> None:
-        from mlflow.entities import Metric
-
-        now = int(time.time() * 1000)
-        rows = [Metric(f"{split}/{k}", v, now, int(step)) for k, v in scalars.items()]
-        self.client.log_batch(self.run_id, metrics=rows)  # one request a row
-
-    def end(self, status: str) -> None:
-        self.client.set_terminated(self.run_id, status)
-
-
-def _mlflow_client() -> Any:
-    """An `MlflowClient` of the tracking store MLflow's settings name, its store reached.
-
-    Raises:
-      ConfigError: when MLflow cannot open that store (one line: what to set).
-    """
-    import mlflow
-    from mlflow.tracking import MlflowClient
-
-    uri = mlflow.get_tracking_uri()
-    try:
-        client = MlflowClient(uri)
-        client.search_experiments(max_results=1)
-    except Exception as e:  # noqa: BLE001 -- MLflow's errors vary by store and version
-        hint = ""
-        if "MLFLOW_ALLOW_FILE_STORE" in str(e):
-            hint = "MLflow 3 opens a file store only with MLFLOW_ALLOW_FILE_STORE=true; "
-        elif uri.startswith(("sqlite:", "postgresql", "mysql", "mssql")):
-            hint = f"{uri.partition(':')[0]} stores need the full package (pip install mlflow); "
-        raise ConfigError(
-            f"the logger 'mlflow' cannot open MLflow's tracking store {uri!r}: {hint}set "
-            "MLFLOW_TRACKING_URI to your tracking server (http://HOST:5000) or remove 'mlflow' "
-            f"from orbitask.run_experiment.loggers ({one_line(e, 100)})"
-        ) from e
-    return client
-
-
-class WandbLogger(Logger):
-    """A W&B run, resumed by its saved id (`resume="allow"`); a resumed run first logs the
-    rows of `metrics.jsonl` up to its checkpoint that W&B's record lacks (module docstring)."""
-
-    name = "wandb"
-    kept: tuple[int, int] | None = None  # the checkpoint's train and eval steps (`rewind`)
-
-    def rewind(self, train_step: int, eval_step: int) -> None:
-        self.kept = (train_step, eval_step)
-
-    def start(self, model_dir: str, params: Mapping[str, Any], step: int, resumed: bool) -> None:
-        import wandb
-
-        id_file = os.path.join(model_dir, "wandb_run_id")
-        # A W&B sweep's agent names the run it started (WANDB_RUN_ID).
-        run_id = _read(id_file) or os.environ.get("WANDB_RUN_ID") or uuid.uuid4().hex[:8]
-        _write(id_file, run_id)
-        name = _name(model_dir)
-        self.run = wandb.init(
-            id=run_id, name=name, dir=model_dir if files.is_local(model_dir) else None,
-            config=dict(params), resume="allow",
-            reinit="finish_previous",
-        )  # fmt: skip
-        if resumed and self.kept is not None:
-            last = self.run.summary.get("_step")  # the last step W&B's server holds, if any
-            root = os.path.dirname(os.path.dirname(os.path.dirname(self.run.dir)))  # of wandb/
-            found = wandb_records.missing(model_dir, run_id, self.kept, last, root)
-            for step, split, values in found:
-                self.write(step, split, values)
-
-    def write(self, step: int, split: str, scalars: Mapping[str, float]) -> None:
-        self.run.log({f"{split}/{name}": value for name, value in scalars.items()}, step=step)
-
-    def end(self, status: str) -> None:
-        self.run.finish(exit_code=0 if status == "FINISHED" else 1)
-
-
 class TensorBoardHParams(Logger):
     """The HParams plugin's data: the settings as the run's hparams, in an events file of
     `<model_dir>` itself. The plugin takes the last value of each scalar under `train/` and
@@ -262,7 +158,7 @@ class TensorBoardHParams(Logger):
             tf.io.gfile.remove(old)
         writer = tf.summary.create_file_writer(model_dir)
         with writer.as_default():
-            hp.hparams(dict(params), trial_id=_name(model_dir))
+            hp.hparams(dict(params), trial_id=run_name(model_dir))
         writer.close()
 
 
@@ -285,7 +181,7 @@ class Records:
             try:
                 logger.start(self.model_dir, self.params, step, resumed)
             except Exception as e:
-                if isinstance(e, ConfigError) or type(logger) not in _BUILT_CLASSES:
+                if isinstance(e, ConfigError) or not _built_in(logger):
                     raise
                 raise ConfigError(
                     f"the logger {logger.name!r} cannot start: {one_line(e, 300)} (or remove "
@@ -321,7 +217,12 @@ class Records:
                 self.write(step, f"eval/{name}", one)
 
 
-_BUILT_CLASSES = (JsonlLogger, CsvLogger, MlflowLogger, WandbLogger, TensorBoardHParams)
+def _built_in(logger: Logger) -> bool:
+    """Whether `logger` is one of orbitask's own (not a user's)."""
+    from orbitask.trainers.state.tracking_loggers import MlflowLogger, WandbLogger
+
+    built = (JsonlLogger, CsvLogger, MlflowLogger, WandbLogger, TensorBoardHParams)
+    return type(logger) in built
 
 
 def build(loggers: Any, folder: str, training: bool) -> list[Logger]:
@@ -353,6 +254,8 @@ def build(loggers: Any, folder: str, training: bool) -> list[Logger]:
                 f"the logger {name!r} needs its package: pip install 'orbitask[{name}]' (or "
                 "remove it from orbitask.run_experiment.loggers)."
             )
+    from orbitask.trainers.state.tracking_loggers import MlflowLogger, WandbLogger  # Logger's
+
     made = {"jsonl": JsonlLogger, "csv": CsvLogger, "mlflow": MlflowLogger, "wandb": WandbLogger}
     made["tensorboard"] = TensorBoardHParams
     from orbitask.trainers.state.tuning_loggers import HypertuneLogger  # it subclasses Logger
@@ -372,15 +275,7 @@ def build(loggers: Any, folder: str, training: bool) -> list[Logger]:
     return built
 
 
-def _read(path: str) -> str | None:
-    return (files.read_text(path) or "").strip() or None
-
-
-def _write(path: str, text: str) -> None:
-    files.write_text(path, text + "\n")
-
-
-def _name(model_dir: str) -> str:
+def run_name(model_dir: str) -> str:
     """The run's name: the model directory's last part (`gs://b/runs/digits` -> `digits`)."""
     if files.is_local(model_dir):
         return os.path.basename(os.path.abspath(model_dir))
