@@ -175,6 +175,7 @@ BAD_VALUES = {
     setting_rules.LEARNING_RATE.expected: ["fast", -1.0, 0, float("nan"), True],
     setting_rules.DURATION.expected: ["90", "1:30", "00:00:00", "1:75:00", 0, True],
     setting_rules.SIGNAL_NAMES.expected: ["SIGTERM", ["SIGUSR9"], ["SIGKILL"], [15]],
+    run_settings.STEP_LIST.expected: [3, "3, 7", [3, 0], [2.5], None],
 }
 ALL_RULES = {**setting_rules.RULES, **run_settings.RULES}
 TABLE = [

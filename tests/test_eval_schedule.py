@@ -18,6 +18,8 @@ from orbitask import run_experiment
 from orbitask.trainers.actions.evaluation_points import evaluation_entry
 from orbitask.trainers.actions.triggers import Trigger
 from orbitask.trainers.run.controller import Controller
+from orbitask.trainers.run.running import evaluation_trigger
+from orbitask.trainers.run.settings import EvalSettings
 from tests import faults
 from tests.helpers import StepTrainer, TinyTask
 
@@ -285,3 +287,21 @@ def test_eval_seconds_reaches_the_controller_from_run_experiment(tmp_path):
             if any(value.tag == "loss" for value in event.summary.value):
                 steps.add(event.step)
     assert sorted(steps) == [2, 4, 6]
+
+
+def test_eval_at_steps_evaluates_at_those_steps_and_at_the_end(tmp_path):
+    """eval_at_steps=[3, 7] with eval_interval None on a 10-step run: evaluations at 3 and 7,
+    and at train_steps (the last step always evaluates); with an interval, at its multiples too."""
+    run_experiment(
+        TinyTask(), str(tmp_path), mode="train_and_eval", train_steps=10, global_batch_size=8,
+        steps_per_loop=10, loop_seconds=None, eval_interval=None, eval_at_steps=[3, 7],
+        eval_steps=1, checkpoint_seconds=None, strategy="one_device", progress=False,
+    )  # fmt: skip
+    steps = set()
+    for path in glob.glob(os.path.join(tmp_path, "eval", "events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            if any(value.tag == "loss" for value in event.summary.value):
+                steps.add(event.step)
+    assert sorted(steps) == [3, 7, 10]
+    evaluation = EvalSettings(eval_interval=4, eval_at_steps=(3, 7))
+    assert evaluation_trigger(10, evaluation).due_steps(1, 10) == [3, 4, 7, 8, 10]

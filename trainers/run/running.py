@@ -365,11 +365,12 @@ def run_controller(
 
 def evaluation_trigger(train_steps: int, evaluation: EvalSettings) -> Trigger:
     """When train_and_eval evaluates: at the multiples of `eval_interval` counted from step 0,
-    at `train_steps`, and `eval_seconds` of training after the last evaluation."""
+    at each of `eval_at_steps`, at `train_steps`, and `eval_seconds` of training after the last
+    evaluation."""
     return Trigger(
         every_steps=evaluation.eval_interval,
         every_secs=evaluation.eval_seconds,
-        at_steps=(train_steps,),
+        at_steps=(train_steps, *evaluation.eval_at_steps),
     )
 
 

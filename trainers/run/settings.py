@@ -36,6 +36,10 @@ from orbitask.trainers.engine.prefetch import Prefetch
 from orbitask.trainers.errors import ConfigError
 
 MODES = ("train", "eval", "train_and_eval", "continuous_eval", "eval_all")
+STEP_LIST = Rule(
+    "a list of positive integers",
+    lambda v: isinstance(v, list | tuple) and all(map(POSITIVE_INT.accepts, v)),
+)
 
 
 def setting(default: Any, rule: Rule | None, doc: str) -> Any:
@@ -154,6 +158,9 @@ class EvalSettings:
     eval_at_start: bool = setting(False, BOOL, "in train_and_eval, a baseline evaluation before "
         "training, at the starting step, unless the checkpoint records an evaluation already; "
         "the validation control counts it as the first best.")
+    eval_at_steps: tuple[int, ...] = setting((), STEP_LIST, "in train_and_eval, also evaluate "
+        "at each of these steps (with `eval_interval` None: at these and at `train_steps` only); "
+        "steps past `train_steps` never come.")
 
 
 @dataclasses.dataclass(frozen=True)
