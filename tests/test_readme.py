@@ -257,6 +257,31 @@ def test_the_architecture_page_names_every_module():
     )
 
 
+def test_the_tests_by_module_index_lists_every_module_and_only_test_files_that_exist():
+    """tests/README.md's "By module" section (made by tests/by_module.py): every module of
+    orbitask/, tasks/ and trainers/ has its row, no row names a module that is gone, and each
+    test file a row names exists."""
+    text = (REPO / "tests" / "README.md").read_text()
+    assert "\n## By module\n" in text, "tests/README.md lost its '## By module' section"
+    section = text.split("\n## By module\n", 1)[1].split("\n## ", 1)[0]
+    rows = dict(re.findall(r"^\| `([\w/]+\.py)` \| (.*) \|$", section, re.M))
+    modules = {
+        str(path.relative_to(REPO))
+        for top in ("orbitask", "tasks", "trainers")
+        for path in (REPO / top).rglob("*.py")
+    }
+    missing, gone = sorted(modules - set(rows)), sorted(set(rows) - modules)
+    absent = sorted(
+        {t for named in rows.values() for t in re.findall(r"`(test_\w+\.py)`", named)}
+        - {p.name for p in (REPO / "tests").glob("test_*.py")}
+    )
+    assert not missing and not gone and not absent, (
+        f"tests/README.md's 'By module' index is out of date. Modules without a row: {missing}; "
+        f"rows of modules that do not exist: {gone}; test files listed that do not exist: "
+        f"{absent}. Run `python tests/by_module.py --write`."
+    )
+
+
 def _document_id(path: Path) -> str:
     return str(path.relative_to(REPO))
 
