@@ -3,6 +3,11 @@
     orbitask --gin_file=experiments/digits.gin --model_dir=/tmp/digits [--mode=train_and_eval]
     python -m orbitask.trainers.commands.train ...   # the same binary
 
+Bare `NAME=VALUE` arguments are gin bindings (`commands.bindings`). Where a platform's variables
+are set (Vertex AI, Kubernetes, SageMaker, SLURM: `distribution.platforms`), one line names it,
+and without `--model_dir` its folder is the model directory; its TensorBoard folder gets the
+summaries and its model folder the final SavedModel.
+
 A user mistake (bad flag, gin typo, bad setting) prints one line on stderr and exits with 2
 (`commands.exits` lists every status). An exception raised in the user's own code (a module a
 gin `import` line loads, the task's `__init__`, builders, stages, steps, callbacks) propagates
