@@ -10,6 +10,7 @@ stand-ins for Ray's session functions, and a Python where `import ray` fails.
 """
 
 import ast
+import importlib.util
 import json
 import os
 import re
@@ -193,21 +194,38 @@ def _reports(text: str) -> list[dict]:
 
 
 def _ended(proc, namespace) -> list[int]:
-    """Teardown: the driver ended (else killed with its session), then every process of its
-    network namespace; returns those that outlived the driver's end by 20 seconds."""
+    """Teardown: the driver ended (else killed with its session), then each process it started
+    and each process of its network namespace (None: none; never this test's); returns those
+    that outlived the driver's end by 20 seconds."""
+    import psutil
+
+    try:
+        started = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        started = []
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
+    if namespace == os.readlink("/proc/self/ns/net"):
+        namespace = None
     deadline = time.monotonic() + 20
-    while namespace and _in_namespace(namespace) and time.monotonic() < deadline:
+    left: list[int] = []
+    while time.monotonic() < deadline:
+        alive = {p.pid for p in started if p.is_running()}
+        left = sorted(alive | set(_in_namespace(namespace) if namespace else []))
+        if not left:
+            break
         time.sleep(0.2)
-    left = _in_namespace(namespace) if namespace else []
     for pid in left:
-        os.kill(pid, signal.SIGKILL)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     return left
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="pip install 'orbitask[ray]'")
 def test_a_killed_ray_worker_is_restarted_and_the_run_resumes_exactly(uninterrupted, tmp_path):
     model, log = tmp_path / "model", tmp_path / "ray.log"
     ray_tmp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # its sockets' paths must stay short
@@ -225,8 +243,9 @@ def test_a_killed_ray_worker_is_restarted_and_the_run_resumes_exactly(uninterrup
     namespace = None
     try:
         worker = _worker_pid(log, 1, proc)
-        namespace = os.readlink(f"/proc/{proc.pid}/ns/net")
-        assert namespace != os.readlink("/proc/self/ns/net")  # the cluster's own network
+        found = os.readlink(f"/proc/{proc.pid}/ns/net")
+        assert found != os.readlink("/proc/self/ns/net")  # the cluster's own network
+        namespace = found  # only now: the teardown ends every process in it
         faults.wait_for_checkpoint(model, proc, min_step=20, timeout=240)
         # Loopback only: every process of the cluster is in that namespace, whose only
         # interface is loopback, and none of its ports is reachable from here.
