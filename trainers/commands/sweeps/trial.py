@@ -114,12 +114,12 @@ def _configured_loggers() -> list:
     default."""
     import gin
 
-    from orbitask.trainers.run.experiment import _D
+    from orbitask.trainers.run.settings import DECLARED
 
     try:
         found = gin.query_parameter("orbitask.run_experiment.loggers")
     except ValueError:
-        found = _D["loggers"]
+        found = DECLARED["loggers"].default
     found = list(found) if isinstance(found, (list, tuple)) else [found]
     built = []
     for item in found:
