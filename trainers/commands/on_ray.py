@@ -11,8 +11,8 @@ runs the usual binary with the flags after `--` under `multi_worker_mirrored`; e
 logs is reported to Ray (the `'ray'` logger); `--max_failures N` lets Ray start the workers again
 N times after a failure, each time resuming from the model directory.
 
-Exit status: 0 when the run finished (its last report is the last line); 1 when it failed
-more than `--max_failures` times; 2 for a mistake in the flags, or Ray not installed.
+Exit status: 0 when the run finished (the last line says where Ray keeps its records); 1 when
+it failed more than `--max_failures` times; 2 for a mistake in the flags, or Ray not installed.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def main(argv: list[str]) -> int:
             print(f"orbitask ray: the run failed: {one_line(e, 300)}", file=sys.stderr)
             return 1
         raise
-    print(f"orbitask ray: the run finished; its last report: {result.metrics}")
+    print(f"orbitask ray: the run finished; Ray's records of it: {result.path}")
     return 0
 
 

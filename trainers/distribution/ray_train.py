@@ -1,21 +1,22 @@
 """Ray Train as orbitask's engine: `run_on_ray` runs the usual binary on Ray's workers.
 
     import orbitask
-    result = orbitask.run_on_ray(
+    orbitask.run_on_ray(
         ["--gin_file=experiments/digits.gin", "--model_dir=/shared/runs/digits"], workers=2
     )
-    print(result.metrics)  # the last row the run reported to Ray
 
 Ray Train's `TensorflowTrainer` starts `workers` Ray workers and sets `TF_CONFIG` in each; each
-worker runs the orbitask binary (`python -m orbitask.trainers.commands.train`) with the given
-flags under `multi_worker_mirrored`, as `orbitask launch` does. A worker that dies (SIGKILL, a
-lost node) fails the attempt; Ray's `FailureConfig(max_failures)` starts every worker again and
-the binary resumes from the model directory, exactly with `seed`. The model directory must be
-one that every worker reaches (a shared disk or object storage) on a cluster of several machines.
+Ray worker runs the orbitask binary (`orbitask.trainers.commands.train.main`) in its process with
+the given flags under `multi_worker_mirrored`, as `orbitask launch`'s processes do. A worker
+that dies (SIGKILL, a lost node) fails the attempt; Ray's `FailureConfig(max_failures)` starts
+every worker again and the binary resumes from the model directory, exactly with `seed`. The
+model directory must be one that every worker reaches (a shared disk or object storage) on a
+cluster of several machines.
 
 Each row the chief logs (train logs, evaluations) goes to Ray with `ray.train.report` (the
 `'ray'` logger, `ray_logger`): the chief's binary writes it to a pipe, and every worker reports
-it, since Ray Train takes a report only when each worker makes it.
+it, since Ray Train takes a report only when each worker makes it. Relative paths in the flags
+are the driver's working directory's, where a worker has that folder.
 
 With no `address` and no Ray started in this process, a local Ray cluster is started on this
 machine, listening on its loopback only: its node address is 127.0.0.1, it has no dashboard, and
@@ -80,7 +81,7 @@ def run_on_ray(
       temp_dir: a local cluster's temporary folder (default: Ray's, `/tmp/ray`).
 
     Returns:
-      Ray Train's `Result`: `metrics` is the last row reported.
+      Ray Train's `Result` of the run (`path`: where Ray keeps its records).
 
     Raises:
       ConfigError: Ray not installed, or no loopback-only namespace for a local cluster.
