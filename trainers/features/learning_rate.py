@@ -33,8 +33,7 @@ from orbitask.trainers.errors import ConfigError
 DEFAULT_RATE = 1e-3  # what build_optimizer gets when run_experiment.learning_rate is unset
 
 
-def _piecewise(a: dict) -> Any:
-    boundaries, values = a["boundaries"], a["values"]
+def _piecewise(boundaries: tuple, values: tuple) -> Any:
     bounds, rates = list(boundaries), [float(v) for v in values]
     if not bounds or len(rates) != len(bounds) + 1 or bounds != sorted(set(bounds)):
         raise ConfigError(
@@ -45,52 +44,51 @@ def _piecewise(a: dict) -> Any:
     return tf_keras.optimizers.schedules.PiecewiseConstantDecay(bounds, rates)
 
 
-def _inverse_sqrt(a: dict) -> Any:
+def _inverse_sqrt(initial: float) -> Any:
     # Imported here: `official` pulls in tfds, pandas, ... (+25 MB, seconds of start-up).
     from official.modeling.optimization import lr_schedule
 
-    return lr_schedule.DirectPowerDecay(a["initial"], power=-0.5)
+    return lr_schedule.DirectPowerDecay(initial, power=-0.5)
+
+
+class _Constant(tf_keras.optimizers.schedules.LearningRateSchedule):
+    def __init__(self, value: float):
+        self.value = value
+
+    def __call__(self, step):
+        del step
+        return tf.constant(self.value, tf.float32)
+
+    def get_config(self):
+        return {"value": self.value}
 
 
 _KERAS = tf_keras.optimizers.schedules
-# Each kind of `learning_rate_schedule`: `(builder, needs decay_steps)`, the builder taking the
-# arguments by name. Each is Keras's (tf_keras) or Model Garden's schedule of that name:
+# The kinds of `learning_rate_schedule`: `kind: (schedule, its positional arguments)`, each
+# Keras's (tf_keras) or Model Garden's schedule of that name; a kind whose arguments hold
+# `decay_steps` needs it set. What each computes:
+# - constant: `initial`;
+# - exponential (nabu's): `initial * decay_rate ** (step / decay_steps)`;
+# - cosine: to `alpha * initial` at `decay_steps`;
+# - piecewise (stepwise): `values[i]` up to `boundaries[i]`, the last value after the last
+#   boundary (one more value than boundaries);
+# - polynomial: from `initial` to `end` at `decay_steps` along `(1 - step / decay_steps) ** power`;
+# - inverse_sqrt (the Transformer's): `initial * step ** -0.5` (Model Garden's `DirectPowerDecay`);
+#   with `warmup_steps`, the linear warm-up reaches it there, as the Transformer tutorial's
+#   schedule with `initial = d_model ** -0.5`;
+# - cosine_restarts: cosine periods, the first `decay_steps` long, each `t_mul` times longer and
+#   `m_mul` times higher than the last, to `alpha * initial`.
 SCHEDULES = {
-    # `initial`
-    "constant": (lambda a: _Constant(a["initial"]), False),
-    # (nabu's) `initial * decay_rate ** (step / decay_steps)`
-    "exponential": (
-        lambda a: _KERAS.ExponentialDecay(a["initial"], a["decay_steps"], a["decay_rate"]),
-        True,
-    ),
-    # to `alpha * initial` at `decay_steps`
-    "cosine": (
-        lambda a: _KERAS.CosineDecay(a["initial"], a["decay_steps"], alpha=a["alpha"]),
-        True,
-    ),
-    # (stepwise) `values[i]` up to `boundaries[i]`, the last value after the last boundary (one
-    # more value than boundaries)
-    "piecewise": (_piecewise, False),
-    # from `initial` to `end` at `decay_steps` along `(1 - step / decay_steps) ** power`
-    "polynomial": (
-        lambda a: _KERAS.PolynomialDecay(
-            a["initial"], a["decay_steps"], a["end"], power=a["power"]
-        ),
-        True,
-    ),
-    # (the Transformer's) `initial * step ** -0.5` (Model Garden's `DirectPowerDecay`); with
-    # `warmup_steps`, the linear warm-up reaches it there, as the Transformer tutorial's
-    # schedule with `initial = d_model ** -0.5`
-    "inverse_sqrt": (_inverse_sqrt, False),
-    # cosine periods, the first `decay_steps` long, each `t_mul` times longer and `m_mul` times
-    # higher than the last, to `alpha * initial`
+    "constant": (_Constant, ("initial",)),
+    "exponential": (_KERAS.ExponentialDecay, ("initial", "decay_steps", "decay_rate")),
+    "cosine": (_KERAS.CosineDecay, ("initial", "decay_steps", "alpha")),
+    "piecewise": (_piecewise, ("boundaries", "values")),
+    "polynomial": (_KERAS.PolynomialDecay, ("initial", "decay_steps", "end", "power")),
+    "inverse_sqrt": (_inverse_sqrt, ("initial",)),
     "cosine_restarts": (
-        lambda a: _KERAS.CosineDecayRestarts(
-            a["initial"], a["decay_steps"], a["t_mul"], a["m_mul"], a["alpha"]
-        ),
-        True,
+        _KERAS.CosineDecayRestarts, ("initial", "decay_steps", "t_mul", "m_mul", "alpha"),
     ),
-}
+}  # fmt: skip
 KINDS = tuple(SCHEDULES)
 
 
@@ -113,11 +111,9 @@ def learning_rate_schedule(
     """Returns a `step -> learning rate` schedule. Eager; the result is traced into the step.
 
     Each kind is Keras's (tf_keras) or Model Garden's schedule of that name (`SCHEDULES` says
-    what each computes): "constant", "exponential" (`ExponentialDecay`), "cosine"
-    (`CosineDecay`), "piecewise" (`PiecewiseConstantDecay`), "polynomial" (`PolynomialDecay`),
-    "inverse_sqrt" (`DirectPowerDecay`), "cosine_restarts" (`CosineDecayRestarts`). A Keras
-    `LearningRateSchedule` object (or any `step -> rate` callable) bound to
-    `run_experiment.learning_rate` works as well.
+    what each computes): "constant", "exponential", "cosine", "piecewise", "polynomial",
+    "inverse_sqrt", "cosine_restarts". A Keras `LearningRateSchedule` object (or any
+    `step -> rate` callable) bound to `run_experiment.learning_rate` works as well.
 
     Args:
       kind: one of `KINDS`, above.
@@ -143,30 +139,19 @@ def learning_rate_schedule(
         raise ConfigError(
             f"`learning_rate_schedule.kind` must be one of {', '.join(KINDS)}; received {kind!r}."
         )
-    build, decaying = SCHEDULES[kind]
-    if decaying and not decay_steps:
+    build, names = SCHEDULES[kind]
+    if "decay_steps" in names and not decay_steps:
         raise ConfigError(
             f"`learning_rate_schedule.decay_steps` must be set for kind={kind!r} "
             "(e.g. TRAIN_STEPS); bind it in your .gin file."
         )
-    schedule = build({**numbers, "boundaries": boundaries, "values": values})
+    given = {**numbers, "boundaries": boundaries, "values": values}
+    schedule = build(*(given[name] for name in names))
     if warmup_steps:
-        from official.modeling.optimization import lr_schedule  # (see `_inverse_sqrt`)
+        from official.modeling.optimization import lr_schedule  # (as in `_inverse_sqrt`)
 
         schedule = lr_schedule.LinearWarmup(schedule, warmup_steps, warmup_start)
     return schedule
-
-
-class _Constant(tf_keras.optimizers.schedules.LearningRateSchedule):
-    def __init__(self, value: float):
-        self.value = value
-
-    def __call__(self, step):
-        del step
-        return tf.constant(self.value, tf.float32)
-
-    def get_config(self):
-        return {"value": self.value}
 
 
 class LearningRate:
