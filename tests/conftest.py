@@ -1,11 +1,16 @@
 """Test set-up: two logical CPU devices (so `mirrored` has 2 replicas) and oneDNN off.
 
 oneDNN fuses MatMul+BiasAdd+Relu in graph mode on CPU and turns NaN into 0, so NaN tests need it
-off; both must be set before TensorFlow initialises. After each test file, the file's entries of
-TensorFlow's gradient registry are dropped, Keras' global state is cleared and the garbage
-collected: a pytest-xdist worker runs a hundred files in one process, and every step traced on
-several replicas leaves its whole graph in that registry (`ReplicaContext.all_reduce` registers
-a `tf.custom_gradient` each time it traces), which made later files several times slower.
+off; both must be set before TensorFlow initialises.
+
+After each test file, the file's entries of TensorFlow's gradient registry are dropped and
+Keras' global state is cleared: a pytest-xdist worker runs fifty files in one process, and every
+step traced on several replicas leaves its whole graph in that registry
+(`ReplicaContext.all_reduce` registers a `tf.custom_gradient` each time it traces), which made
+later files several times slower. The objects left are then frozen (`gc.freeze`) rather than
+collected: freeing a file's traced graphs took 1 to 80 seconds of the file's teardown, and
+frozen objects cost later collections nothing. A worker collects them only when it holds more
+than `COLLECT_ABOVE_MB` of memory.
 """
 
 import gc
@@ -33,10 +38,23 @@ def _release_after_each_file():
     # gradient registry each time a step traces, and the entry holds the step's whole graph.
     for name in [n for n in gradients if n.startswith("CustomGradient-") and n not in before]:
         del gradients[name]
-    for name in ("keras", "tf_keras"):  # only the flavours the file imported
-        if name in sys.modules:
-            sys.modules[name].backend.clear_session()
-    gc.collect()
+    if "tf_keras" in sys.modules:  # only the flavours the file imported
+        sys.modules["tf_keras"].backend.clear_session()
+    if "keras" in sys.modules:
+        sys.modules["keras"].backend.clear_session(free_memory=False)
+    if _resident_mb() > COLLECT_ABOVE_MB:
+        gc.unfreeze()
+        gc.collect()
+    gc.freeze()
+
+
+# A worker's resident memory above which a file's end collects every frozen object.
+COLLECT_ABOVE_MB = 5000
+
+
+def _resident_mb() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 2**20
 
 
 def _custom_gradients() -> dict:
