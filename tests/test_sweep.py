@@ -155,8 +155,8 @@ def _run(cmd, timeout=600) -> subprocess.CompletedProcess:
 
 
 def _stop_in_trial(cmd, folder, number, sig=signal.SIGKILL, timeout=400) -> tuple[int, str]:
-    """Starts the sweep, waits until trial `number` saved its step-20 checkpoint, sends `sig`;
-    returns its exit status and output."""
+    """Starts the sweep, waits until trial `number` finished saving its step-20 checkpoint (the
+    state file names it), sends `sig`; returns its exit status and output."""
     proc = subprocess.Popen(
         cmd, cwd=faults.REPO, env=faults.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, start_new_session=True,
@@ -164,7 +164,7 @@ def _stop_in_trial(cmd, folder, number, sig=signal.SIGKILL, timeout=400) -> tupl
     trial_dir = os.path.join(str(folder), f"trial-{number}")
     deadline = time.monotonic() + timeout
     try:
-        while not tf.io.gfile.exists(os.path.join(trial_dir, "ckpt-20.index")):
+        while not (tf.train.latest_checkpoint(trial_dir) or "").endswith("ckpt-20"):
             assert proc.poll() is None, proc.stdout.read()
             assert time.monotonic() < deadline, "trial never reached step 20"
             time.sleep(0.05)
