@@ -61,6 +61,7 @@ def test_a_device_loop_evaluates_like_step_by_step(tmp_path, strategy, eval_step
         assert device[key] == pytest.approx(host[key], rel=1e-6), key
 
 
+@pytest.mark.slow
 def test_two_replicas_evaluate_like_one_device(tmp_path):
     one = _evaluate(Unsized(), tmp_path, "one_device")
     two = _evaluate(Unsized(), tmp_path, "mirrored")

@@ -31,6 +31,7 @@ def _true_mean_loss(task):
     return float(tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(task.y, logits)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task_cls", [Kept, MeanLossStep], ids=["sum+num_examples", "mean"])
 @pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
 def test_eval_loss_is_the_mean_loss(tmp_path, task_cls, strategy):

@@ -38,6 +38,7 @@ def test_every_loop_and_evaluation_is_one_line(tmp_path):
     assert json.loads(lines[0])["steps_per_second"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dies_at", [7, 11])
 def test_a_killed_and_resumed_run_leaves_an_uninterrupted_runs_file(tmp_path, dies_at):
     """Killed after step 7 (checkpoint 4, whose record lacks the evaluation at 4) or 11
@@ -93,6 +94,7 @@ def _tensorboard_steps(folder, tag: str) -> list[int]:
     return [event.step for event in reader.Tensors(tag)]
 
 
+@pytest.mark.slow
 def test_tensorboard_shows_a_resumed_run_as_an_uninterrupted_one(tmp_path):
     """Killed after step 7 with points written to step 6; the resume marks its restart at the
     checkpoint's step, and TensorBoard's reader shows each step once."""

@@ -25,6 +25,9 @@ from tests.test_model_garden_real import _sentences, bert_experiment
 
 STEPS = 4
 RUN = dict(global_batch_size=4, seed=0, progress=False)
+# Every test here shares `runs` (a BERT trained by Model Garden and by orbitask, about a minute).
+pytestmark = pytest.mark.slow
+
 FROM_MODEL_GARDEN = "was written by Model Garden's trainer: restored its model, optimizer and"
 
 

@@ -53,9 +53,8 @@ class UndeclaredKerasMean(KerasMean):
     loss_reduction = "sum"
 
 
-@pytest.mark.parametrize(
-    "strategy", ["one_device", pytest.param("mirrored", marks=pytest.mark.slow)]
-)
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
 def test_per_example_and_summed_losses_train_the_same(tmp_path, strategy):
     results = {}
     for cls in (Summed, PerExample, KerasMean, DeclaredMean):

@@ -179,6 +179,7 @@ def test_a_stateful_op_in_the_step_is_named_once(tmp_path, capsys):
     assert "keras.random.SeedGenerator" in lines[0], lines[0]  # the fix
 
 
+@pytest.mark.slow
 def test_saved_draws_are_not_named(tmp_path, capsys):
     _run(tmp_path, Dropped(flavour="tf_keras"), 4)
     assert "stateful ops" not in capsys.readouterr().out

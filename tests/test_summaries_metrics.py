@@ -250,6 +250,7 @@ class CountingDigits(DigitsClassification):
         return super().build_inputs(per_replica_batch_size, input_context, training)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flavour_metric", ["keras"])
 def test_two_replica_eval_equals_one_device(tmp_path, flavour_metric):
     """Validation set of 359 examples: partial last batches, uneven across replicas."""
