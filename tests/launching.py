@@ -122,3 +122,15 @@ def eval_scalars(model_dir, tag) -> dict[int, float]:
                 if value.tag == tag:
                     out[event.step] = float(tf.make_ndarray(value.tensor))
     return out
+
+
+def listening(pid: int | str) -> set[int]:
+    """The TCP ports in LISTEN state in the network namespace of process `pid` ("self")."""
+    ports = set()
+    for name in ("tcp", "tcp6"):
+        with open(f"/proc/{pid}/net/{name}") as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                if state == "0A":
+                    ports.add(int(local.rsplit(":", 1)[1], 16))
+    return ports

@@ -274,6 +274,16 @@ def test_eval_seconds_evaluates_after_the_loop_that_passes_that_much_training(
     assert evaluator.steps == expected
 
 
+def _evaluated_steps(model_dir) -> list[int]:
+    """The steps of the eval loss summaries under `model_dir`/eval, in order."""
+    steps = set()
+    for path in glob.glob(os.path.join(model_dir, "eval", "events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            if any(value.tag == "loss" for value in event.summary.value):
+                steps.add(event.step)
+    return sorted(steps)
+
+
 def test_eval_seconds_reaches_the_controller_from_run_experiment(tmp_path):
     """Every device loop lasts more than a microsecond: an evaluation after each one."""
     run_experiment(
@@ -281,12 +291,7 @@ def test_eval_seconds_reaches_the_controller_from_run_experiment(tmp_path):
         steps_per_loop=2, loop_seconds=None, eval_interval=None, eval_seconds=1e-6,
         strategy="one_device", progress=False,
     )  # fmt: skip
-    steps = set()
-    for path in glob.glob(os.path.join(tmp_path, "eval", "events.out.tfevents.*")):
-        for event in tf.compat.v1.train.summary_iterator(path):
-            if any(value.tag == "loss" for value in event.summary.value):
-                steps.add(event.step)
-    assert sorted(steps) == [2, 4, 6]
+    assert _evaluated_steps(tmp_path) == [2, 4, 6]
 
 
 def test_eval_at_steps_evaluates_at_those_steps_and_at_the_end(tmp_path):
@@ -297,11 +302,6 @@ def test_eval_at_steps_evaluates_at_those_steps_and_at_the_end(tmp_path):
         steps_per_loop=10, loop_seconds=None, eval_interval=None, eval_at_steps=[3, 7],
         eval_steps=1, checkpoint_seconds=None, strategy="one_device", progress=False,
     )  # fmt: skip
-    steps = set()
-    for path in glob.glob(os.path.join(tmp_path, "eval", "events.out.tfevents.*")):
-        for event in tf.compat.v1.train.summary_iterator(path):
-            if any(value.tag == "loss" for value in event.summary.value):
-                steps.add(event.step)
-    assert sorted(steps) == [3, 7, 10]
+    assert _evaluated_steps(tmp_path) == [3, 7, 10]
     evaluation = EvalSettings(eval_interval=4, eval_at_steps=(3, 7))
     assert evaluation_trigger(10, evaluation).due_steps(1, 10) == [3, 4, 7, 8, 10]

@@ -14,18 +14,6 @@ from orbitask.trainers.commands import cli, launch
 from tests import launching
 
 
-def _listening(pid: int | str) -> set[int]:
-    """The TCP ports in LISTEN state in the network namespace of process `pid` ("self")."""
-    ports = set()
-    for name in ("tcp", "tcp6"):
-        with open(f"/proc/{pid}/net/{name}") as f:
-            for line in f.readlines()[1:]:
-                local, state = line.split()[1], line.split()[3]
-                if state == "0A":
-                    ports.add(int(local.rsplit(":", 1)[1], 16))
-    return ports
-
-
 def _port(pid: int) -> int:
     with open(f"/proc/{pid}/environ", "rb") as f:
         env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
@@ -42,13 +30,13 @@ def test_the_workers_ports_are_reachable_from_the_jobs_loopback_only(tmp_path):
         pids = [launching.pid_of(tmp_path, f"worker {i}", proc) for i in range(2)]
         ports = [_port(pid) for pid in pids]
         deadline = time.monotonic() + 120
-        while not set(ports) <= _listening(pids[0]):  # each gRPC server is up
+        while not set(ports) <= launching.listening(pids[0]):  # each gRPC server is up
             assert proc.poll() is None and time.monotonic() < deadline, launching.output(tmp_path)
             time.sleep(0.1)
         here = os.readlink("/proc/self/ns/net")
         for pid in (proc.pid, *pids):
             assert os.readlink(f"/proc/{pid}/ns/net") != here
-        assert not set(ports) & _listening("self")  # `ss -ltn` here does not show them
+        assert not set(ports) & launching.listening("self")  # `ss -ltn` here does not show them
         for port in ports:
             with socket.socket() as s:
                 assert s.connect_ex(("127.0.0.1", port)) != 0

@@ -151,18 +151,6 @@ def uninterrupted(tmp_path_factory):
     return tmp / "model"
 
 
-def _listening(pid) -> set[int]:
-    """The TCP ports in LISTEN state in the network namespace of process `pid` ("self")."""
-    ports = set()
-    for name in ("tcp", "tcp6"):
-        with open(f"/proc/{pid}/net/{name}") as f:
-            for line in f.readlines()[1:]:
-                local, state = line.split()[1], line.split()[3]
-                if state == "0A":
-                    ports.add(int(local.rsplit(":", 1)[1], 16))
-    return ports
-
-
 def _in_namespace(namespace: str) -> list[int]:
     """The pids of the processes in the network namespace `namespace` (`net:[inode]`)."""
     found = []
@@ -253,8 +241,8 @@ def test_a_killed_ray_worker_is_restarted_and_the_run_resumes_exactly(uninterrup
         assert {proc.pid, worker} <= members and len(members) > 4
         with open(f"/proc/{proc.pid}/net/dev") as f:
             assert [line.split(":")[0].strip() for line in f.readlines()[2:]] == ["lo"]
-        ports = _listening(proc.pid)
-        assert ports and not ports & _listening("self")
+        ports = launching.listening(proc.pid)
+        assert ports and not ports & launching.listening("self")
         os.kill(worker, signal.SIGKILL)
         proc.wait(timeout=400)
     finally:
