@@ -206,3 +206,27 @@ def test_a_callbacks_assignment_scales_a_schedule_from_then_on(tmp_path, owner):
         w += rate * 2 * (1 - w)
         expected_weights.append(w)
     assert task.weights == pytest.approx(expected_weights, rel=1e-5)
+
+
+def test_one_function_copies_the_rate_into_the_optimizer():
+    """`LearningRate.sync` is the only caller of `keras_compat.sync_learning_rate`, and
+    `TaskTrainer._rate_into_optimizer` the only caller of `sync` outside `LearningRate`."""
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    copies, syncs = [], []
+    for path in sorted(root.glob("*/**/*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel.split("/")[0] not in ("tasks", "trainers", "orbitask"):
+            continue
+        for line in path.read_text().splitlines():
+            if "sync_learning_rate(" in line and "def sync_learning_rate" not in line:
+                copies.append(rel)
+            if ".learning_rate.sync(" in line:  # a call, not the docstrings' pseudo-code
+                syncs.append(rel)
+    # keras_compat's own recursion into a dict of optimizers, and LearningRate.sync.
+    assert sorted(copies) == [
+        "orbitask/common/keras_compat.py",
+        "trainers/features/learning_rate.py",
+    ]
+    assert syncs == ["trainers/engine/trainer.py"]

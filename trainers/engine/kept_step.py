@@ -65,12 +65,10 @@ class KeptStep:
         trainer = self.trainer
         step = trainer.step
         record = trainer._history_row if trainer.record_history else None
-        sync = trainer.copies_learning_rate_in_loop
 
         @tf.function
         def kept(iterator):
-            if sync:
-                trainer.objects.learning_rate.sync(trainer.optimizer)
+            trainer._rate_into_optimizer()
             with step_tensors.keeping() as box:
                 logs = step(iterator)
             history = tf.stack([record(logs)]) if record else None

@@ -257,10 +257,11 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
 
         return python_loop
 
-    def _rate_into_optimizer(self) -> None:
-        """First in a loop function (traced): `lr` into the optimizer, where the loop copies
-        it (`copies_learning_rate_in_loop`)."""
-        if self.copies_learning_rate_in_loop:
+    def _rate_into_optimizer(self, in_loop: bool = True) -> None:
+        """`lr` into the optimizer: first in each loop function (traced, `in_loop`) where the
+        loop copies it (`copies_learning_rate_in_loop`), else before each loop (eager). The
+        loop functions, the kept step and `train_loop_begin` all call it."""
+        if in_loop == self.copies_learning_rate_in_loop:
             self.objects.learning_rate.sync(self.optimizer)
 
     def _loop_output(self, logs: dict, history: tf.Tensor | None = None) -> dict:
@@ -283,8 +284,7 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         it), each replica's own seeds, retrace check. Returns None. (The train metrics restart
         in the schedule's `metrics_window` entry: `run.run_actions.metrics_window_entry`.)
         """
-        if not self.copies_learning_rate_in_loop:
-            self.objects.learning_rate.sync(self.optimizer)
+        self._rate_into_optimizer(in_loop=False)
         self.replica_draws()
         signature = _trainable_signature(self.model)
         if signature != self._trainable_signature:

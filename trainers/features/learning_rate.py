@@ -205,8 +205,10 @@ class LearningRate:
         return cls(lr, schedule, learning_rate)
 
     def sync(self, optimizer: Any) -> None:
-        """Copies `lr` into the optimizer(s) when `lr` owns the rate. Traced (first in each
-        device loop) or eager; returns None."""
+        """Copies `lr` into the optimizer(s) when `lr` owns the rate: the one place the rate
+        enters an optimizer. Traced (first in each device loop, and after `step_update`) or
+        eager (before each loop where the loop does not copy it); returns None. An optimizer
+        following its own schedule has no rate variable to copy into."""
         if self.owner == "lr":
             keras_compat.sync_learning_rate(optimizer, self.lr)
 
@@ -218,7 +220,7 @@ class LearningRate:
         if self.owner != "optimizer_schedule":  # that one is scaled already (`scale_schedule`)
             value *= self.factor
         self.lr.assign(value)
-        keras_compat.sync_learning_rate(optimizer, self.lr)
+        self.sync(optimizer)
 
     def decide_owner(self, optimizer: Any) -> None:
         """Decides whose rate the run uses (`owner`; module docstring). Eager, once, after the
