@@ -15,8 +15,8 @@ MODULE_LINES = 350
 # "path" for a module, "path:function" for a function: why it may be longer, for now.
 ALLOWED = {
     "trainers/run/runner.py": "the runner's building half: it and running.py hold one record "
-    "of the run's objects between them; splitting them anew goes with merging the three records "
-    "of those objects (RunObjects, TaskObjects, preflight.TrainObjects)",
+    "of the run's objects between them; splitting them anew goes with merging the two records "
+    "of those objects (RunObjects, TaskObjects)",
     "trainers/run/running.py": "the runner's running half: see trainers/run/runner.py",
 }
 

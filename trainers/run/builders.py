@@ -160,6 +160,18 @@ def _flavour(task: Any, flavour: str) -> Iterator[None]:
         task.keras_flavour = given
 
 
+def task_objects_of(
+    task: Any, strategy: Any, objects: RunObjects, settings: Settings, loss_fn: Any
+) -> TaskObjects:
+    """The run's objects as the step, the trainer and the checks before step 1 use them, with
+    `loss_fn` (the steps' loss: `loss_share.for_steps`'s, or the task's). Eager."""
+    return TaskObjects(
+        task, strategy, objects.model, objects.optimizer, loss_fn, objects.learning_rate,
+        objects.global_step, settings.loop.global_batch_size, objects.train_metrics,
+        objects.eval_metrics,
+    )  # fmt: skip
+
+
 def build_train_input(
     task: Any, strategy: Any, objects: RunObjects, settings: Settings, model_dir: str
 ) -> inputs.TrainInput:
@@ -178,14 +190,7 @@ def build_train_input(
         loop.train_steps is None,  # by epochs
         Prefetch(settings.checkpoints.train_prefetch, settings.checkpoints.train_prefetch_bytes),
     )
-    checked = preflight.TrainObjects(
-        model=objects.model,
-        loss_fn=objects.loss_fn,
-        lr=objects.lr,
-        optimizer=objects.optimizer,
-        metrics=objects.train_metrics,
-        global_batch_size=batch,
-    )
+    checked = task_objects_of(task, strategy, objects, settings, objects.loss_fn)
     return preflight.checked_train_input(task, strategy, train_input, checked)
 
 
@@ -284,10 +289,7 @@ def build_trainer(
     ps = cluster.is_parameter_server(strategy)
     per_replica = loop.global_batch_size // strategy.num_replicas_in_sync
     loss_fn = loss_share.for_steps(task, strategy, objects, train_input, eval_dataset, per_replica)
-    task_objects = TaskObjects(
-        task, strategy, objects.model, objects.optimizer, loss_fn, objects.learning_rate,
-        objects.global_step, loop.global_batch_size, objects.train_metrics, objects.eval_metrics,
-    )  # fmt: skip
+    task_objects = task_objects_of(task, strategy, objects, settings, loss_fn)
     step = TrainStep(
         task_objects,
         accumulation=loop.gradient_accumulation_steps,

@@ -44,7 +44,7 @@ def build_weights(task: Any, strategy: Any, spec: Any, batch_size: int, objects:
     (`batch_size` a replica). Eager, inside `taken_back`; returns None.
 
     `objects` holds the model, loss, learning rate, optimizer, metrics and global batch size
-    (`preflight.TrainObjects`). An error in the step keeps its traceback, with a note.
+    (`steps.TaskObjects`). An error in the step keeps its traceback, with a note.
     """
     optimizer = objects.optimizer
     stand_in = (
@@ -59,7 +59,7 @@ def build_weights(task: Any, strategy: Any, spec: Any, batch_size: int, objects:
             batch,
             objects.model,
             stand_in,
-            objects.metrics,
+            objects.train_metrics,
             loss_fn=objects.loss_fn,
             lr=objects.lr,
             global_batch_size=objects.global_batch_size,
