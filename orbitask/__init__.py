@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # what editors and type checkers read; at runtime each name l
     from orbitask.tasks.model_garden import ModelGardenTask as ModelGardenTask
     from orbitask.tasks.multi_task import MultiTask as MultiTask
     from orbitask.tasks.step_tensors import with_step_tensors as with_step_tensors
-    from orbitask.trainers.distribution.ray_train import run_on_ray as run_on_ray
+    from orbitask.trainers.commands.ray_train import run_on_ray as run_on_ray
     from orbitask.trainers.distribution.strategies import build_strategy as build_strategy
     from orbitask.trainers.distribution.strategies import logical_cpus as logical_cpus
     from orbitask.trainers.engine.trainer import TaskTrainer as TaskTrainer

@@ -51,6 +51,8 @@ ALLOWED = {
     ("trainers/commands/sweeps/study.py", "open_study"): "a sweep's SQLite file, local",
     ("trainers/commands/sweeps/study.py", "claims"): "a sweep's flock, local or NFS",
     ("trainers/commands/sweeps/sweeping.py", "__init__"): "a sweep folder's name (a local folder)",
+    ("trainers/commands/ray_train.py", "_worker"): "the driver's working directory, where the "
+    "worker shares its host",
 }
 
 

@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING
 from orbitask.lazy import exports
 
 if TYPE_CHECKING:  # what editors and type checkers read; at runtime each name loads on first use
-    from orbitask.trainers.distribution.ray_train import run_on_ray as run_on_ray
+    from orbitask.trainers.commands.ray_train import run_on_ray as run_on_ray
     from orbitask.trainers.distribution.strategies import build_strategy as build_strategy
     from orbitask.trainers.distribution.strategies import logical_cpus as logical_cpus
     from orbitask.trainers.engine.trainer import TaskTrainer as TaskTrainer
@@ -39,7 +39,7 @@ __all__, __getattr__, __dir__ = exports(
         "Preempted": "orbitask.trainers.errors",
         "read_predictions": "orbitask.trainers.state.predictions",
         "run_experiment": "orbitask.trainers.run.experiment",
-        "run_on_ray": "orbitask.trainers.distribution.ray_train",
+        "run_on_ray": "orbitask.trainers.commands.ray_train",
         "TaskTrainer": "orbitask.trainers.engine.trainer",
         "ValidationControl": "orbitask.trainers.features.validation_control",
         "WarmStart": "orbitask.trainers.features.warm_start",

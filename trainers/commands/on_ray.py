@@ -1,4 +1,4 @@
-"""`orbitask ray`: runs one orbitask job on Ray Train's workers (`distribution.ray_train`).
+"""`orbitask ray`: runs one orbitask job on Ray Train's workers (`commands.ray_train`).
 
     pip install 'orbitask[ray]'
     orbitask ray --workers 2 -- --gin_file=experiments/digits.gin --model_dir=runs/digits
@@ -68,7 +68,7 @@ def main(argv: list[str]) -> int:
         print(f"orbitask ray: error: {e}. See `orbitask ray --help`.", file=sys.stderr)
         return EXIT_USAGE
     from orbitask.common.errors import one_line
-    from orbitask.trainers.distribution import ray_train
+    from orbitask.trainers.commands import ray_train
     from orbitask.trainers.errors import ConfigError
 
     try:

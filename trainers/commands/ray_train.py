@@ -128,7 +128,7 @@ def _init_arguments(address, workers, temp_dir) -> dict:
     local = dict(_node_ip_address="127.0.0.1", include_dashboard=False)
     local["runtime_env"] = {
         "env_vars": {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"},  # a cloud's spot notices
-        "worker_process_setup_hook": "orbitask.trainers.distribution.ray_train.quiet_cleaner",
+        "worker_process_setup_hook": "orbitask.trainers.commands.ray_train.quiet_cleaner",
     }
     local["num_cpus"] = max(os.cpu_count() or 1, workers)  # a worker takes one CPU
     if temp_dir is not None:
