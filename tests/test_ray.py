@@ -6,7 +6,7 @@ to Ray by both workers, a Ray worker killed with SIGKILL after a checkpoint is s
 Ray's FailureConfig, the run resumes from the model directory and ends with the weights of an
 uninterrupted 2-worker run (`orbitask launch`, the same topology), bit for bit, and no process
 of the cluster is left. The quick tests use the logger's pipe as `orbitask ray`'s workers do,
-stand-ins for Ray's session functions, and a Python where `import ray` fails.
+stand-ins for Ray's report functions, and a Python where `import ray` fails.
 """
 
 import ast
@@ -76,12 +76,12 @@ def test_under_orbitask_ray_each_row_goes_to_the_workers_pipe(tmp_path, monkeypa
 
 
 def _stand_in_ray(monkeypatch, in_tune: bool, in_train: bool) -> list:
-    """`ray`, `ray.train` and `ray.tune` as a session would have them; returns the reports."""
+    """`ray`, `ray.train` and `ray.tune` as a Ray run would have them; returns the reports."""
     reports: list = []
     train, tune = types.ModuleType("ray.train"), types.ModuleType("ray.tune")
 
     def get_context():
-        if in_tune:  # what Ray Train's get_context raises in a Tune session
+        if in_tune:  # what Ray Train's get_context raises in a Tune trial
             raise DeprecationWarning("`ray.train.get_context` is deprecated in Tune")
         if not in_train:
             raise RuntimeError("`get_context` cannot be used outside of a Ray Train function")
@@ -99,9 +99,9 @@ def _stand_in_ray(monkeypatch, in_tune: bool, in_train: bool) -> list:
 @pytest.mark.parametrize(
     "in_tune, in_train, where",
     [(True, False, "tune"), (False, True, "train"), (False, False, None)],
-    ids=["tune-trial", "train-worker", "ray-without-a-session"],
+    ids=["tune-trial", "train-worker", "ray-outside-a-run"],
 )
-def test_the_ray_logger_reports_to_the_session_it_runs_in(
+def test_the_ray_logger_reports_to_the_ray_run_it_runs_in(
     tmp_path, monkeypatch, in_tune, in_train, where
 ):
     monkeypatch.delenv(ray_logger.REPORTS_FD, raising=False)
@@ -182,7 +182,7 @@ def _reports(text: str) -> list[dict]:
 
 
 def _ended(proc, namespace) -> list[int]:
-    """Teardown: the driver ended (else killed with its session), then each process it started
+    """Teardown: the driver ended (else killed with its process group), then each process it started
     and each process of its network namespace (None: none; never this test's); returns those
     that outlived the driver's end by 20 seconds."""
     import psutil

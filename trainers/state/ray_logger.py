@@ -36,7 +36,7 @@ class RayLogger(Logger):
     name = "ray"
 
     def start(self, model_dir: str, params: Mapping[str, Any], step: int, resumed: bool) -> None:
-        self.report = session_report()
+        self.report = ray_report()
         if self.report is None:
             logging.info("the logger 'ray' reports nothing: this run is not inside Ray")
 
@@ -47,9 +47,9 @@ class RayLogger(Logger):
             self.report(row)
 
 
-def session_report() -> Callable[[dict], None] | None:
+def ray_report() -> Callable[[dict], None] | None:
     """How a row reaches Ray here: the pipe of `orbitask ray`'s worker, the Tune or Train
-    session's `report`, or None outside Ray. Eager."""
+    run's `report` (a Tune trial's or a Train worker's), or None outside Ray. Eager."""
     fd = os.environ.get(REPORTS_FD)
     if fd is not None:
 
@@ -57,14 +57,14 @@ def session_report() -> Callable[[dict], None] | None:
             os.write(int(fd), (json.dumps(row) + "\n").encode())  # the worker reads lines
 
         return send
-    if sys.modules.get("ray") is None:  # no Ray in this process: not inside a session
+    if sys.modules.get("ray") is None:  # no Ray in this process: not inside a Ray run
         return None
     import ray.train
     import ray.tune
 
     try:
         ray.train.get_context()
-    except DeprecationWarning:  # Ray's way of saying: a Tune session
+    except DeprecationWarning:  # Ray's way of saying: a Tune trial
         return ray.tune.report
     except RuntimeError:  # not a Ray Train worker
         return None
