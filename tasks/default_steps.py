@@ -59,6 +59,7 @@ def labels_of(batch: Any) -> Any:
     return batch
 
 
+@tf.autograph.experimental.do_not_convert
 def _examples(batch: Any, full: int) -> Any:
     """A replica's examples in `batch`: the Python int `full` when its leading dimension is
     statically that, else a scalar tensor (a batch that may be partial). Traced."""
@@ -69,6 +70,7 @@ def _examples(batch: Any, full: int) -> Any:
     return tf.shape(first)[0]
 
 
+@tf.autograph.experimental.do_not_convert
 def _example_counts(parts: Any, per_part: int, context: Any) -> tuple[list, Any]:
     """`(counts, count)`: each micro-batch's examples on this replica (`_examples`) and the
     whole step's (None for full batches, else their sum over replicas). Traced."""
@@ -82,6 +84,7 @@ def _example_counts(parts: Any, per_part: int, context: Any) -> tuple[list, Any]
     return counts, count
 
 
+@tf.autograph.experimental.do_not_convert
 def _own_count(count: Any, micro_batches: int, context: Any) -> tuple[Any, Any]:
     """`(this replica's count, the sum over replicas)` of a count that `grad_pre` returned."""
     if micro_batches > 1:
@@ -95,6 +98,7 @@ def _own_count(count: Any, micro_batches: int, context: Any) -> tuple[Any, Any]:
     return count, context.all_reduce(tf.distribute.ReduceOp.SUM, count)
 
 
+@tf.autograph.experimental.do_not_convert
 def _scaled_loss(
     loss_per_batch: Any,
     extra_loss: Any,
@@ -118,6 +122,7 @@ def _scaled_loss(
     return scaled
 
 
+@tf.autograph.experimental.do_not_convert
 def _update_logs(loss_key: str, scaled_sum: Any, display: list, finite: Any, replicas: int) -> dict:
     """The logs of `compute_update`: the step's loss (one device's) under `loss_key`,
     `grad_norm` of the display gradients and, where checked, `nonfinite_gradients`. Traced."""

@@ -65,6 +65,7 @@ def _extra_loss_to_tensor(value: ExtraLoss, dtype=None, name=None, as_ref=False)
 tf.register_tensor_conversion_function(ExtraLoss, _extra_loss_to_tensor)
 
 
+@tf.autograph.experimental.do_not_convert
 def extra_losses(model: Any, added_losses: str = "batch_sum") -> ExtraLoss:
     """Returns `model.losses` sorted by kind (`ExtraLoss`), after the model's call. Traced.
 
@@ -82,6 +83,7 @@ def extra_losses(model: Any, added_losses: str = "batch_sum") -> ExtraLoss:
     return ExtraLoss(*(_add_terms(kinds[k]) for k in ("once", "batch_mean", "batch_sum")))
 
 
+@tf.autograph.experimental.do_not_convert
 def step_share(extra_loss: Any, once_share: float, share: Any) -> list[tuple[Any, Any]]:
     """`[(term, weight)]`: what this replica's step adds of `extra_loss`, term by term. Traced.
 
@@ -98,6 +100,7 @@ def step_share(extra_loss: Any, once_share: float, share: Any) -> list[tuple[Any
     return [(extra_loss, 1.0 / once_share)]
 
 
+@tf.autograph.experimental.do_not_convert
 def _add_terms(terms: list) -> Any:
     """The float32 sum of loss terms; the Python number 0.0 when there are none (no op)."""
     tensors = []

@@ -38,6 +38,7 @@ def counting_zeroed(counter: tf.Variable) -> Iterator[None]:
         _zeroed = None
 
 
+@tf.autograph.experimental.do_not_convert
 def _counter() -> tf.Variable | None:
     """The open counter, where this replica is the first; else None. Traced."""
     if _zeroed is None:
@@ -57,6 +58,7 @@ class Gradients(list):
     global_norm = None
 
 
+@tf.autograph.experimental.do_not_convert
 def zero_nans_and_clip(gradients: list, clip_norm: float | None) -> tuple[list, list]:
     """Non-finite entries -> 0, then a clip to global norm `clip_norm` (None: no clip). Traced.
 
@@ -89,6 +91,7 @@ def zero_nans_and_clip(gradients: list, clip_norm: float | None) -> tuple[list, 
     return [None if g is None else next(it) for g in display], display
 
 
+@tf.autograph.experimental.do_not_convert
 def global_norm(gradients: list) -> tf.Tensor:
     """Returns the global norm of `gradients` (None entries skipped; 0 for none). Traced.
 
@@ -101,6 +104,7 @@ def global_norm(gradients: list) -> tf.Tensor:
     return _norm(present) if present else tf.constant(0.0)
 
 
+@tf.autograph.experimental.do_not_convert
 def all_reduce_sum(gradients: list) -> list:
     """Returns the gradients summed over replicas (replica context, traced); None stays None.
 
@@ -119,6 +123,7 @@ def all_reduce_sum(gradients: list) -> list:
     return out
 
 
+@tf.autograph.experimental.do_not_convert
 def add(total: list | None, gradients: list) -> list:
     """`total + gradients` by variable (None: no gradient); `total` None starts the sum. Traced.
 
@@ -131,6 +136,7 @@ def add(total: list | None, gradients: list) -> list:
     ]
 
 
+@tf.autograph.experimental.do_not_convert
 def _sum(a: Any, b: Any) -> Any:
     """`a + b`; two `IndexedSlices` concatenated, a mix of kinds made dense. Traced."""
     if isinstance(a, tf.IndexedSlices) and isinstance(b, tf.IndexedSlices):
@@ -139,12 +145,14 @@ def _sum(a: Any, b: Any) -> Any:
     return tf.convert_to_tensor(a) + tf.convert_to_tensor(b)
 
 
+@tf.autograph.experimental.do_not_convert
 def _norm(gradients: list) -> tf.Tensor:
     """The global norm of the gradients as dense tensors: an `IndexedSlices`' rows of one
     index are summed first, without making it dense. Traced."""
     return tf.linalg.global_norm([_rows_summed(g) for g in gradients])
 
 
+@tf.autograph.experimental.do_not_convert
 def _rows_summed(g: Any) -> Any:
     """An `IndexedSlices`' values with the rows of each index summed (one row an index)."""
     if not isinstance(g, tf.IndexedSlices):
@@ -153,17 +161,20 @@ def _rows_summed(g: Any) -> Any:
     return tf.math.unsorted_segment_sum(g.values, position, tf.shape(unique)[0])
 
 
+@tf.autograph.experimental.do_not_convert
 def all_finite(gradients: list) -> tf.Tensor:
     """A boolean scalar: every gradient entry (None gradients skipped) is finite. Traced."""
     checks = [tf.reduce_all(tf.math.is_finite(_values(g))) for g in gradients if g is not None]
     return tf.reduce_all(checks) if checks else tf.constant(True)
 
 
+@tf.autograph.experimental.do_not_convert
 def unscale(gradients: list, loss_scale: Any) -> list:
     """float32 gradients divided by the float16 loss scale (None ones kept). Traced."""
     return [None if g is None else tf.cast(g, tf.float32) / loss_scale for g in gradients]
 
 
+@tf.autograph.experimental.do_not_convert
 def batch_sum(loss: Any) -> Any:
     """A loss as the sum over the batch: per-example losses (shape `[batch]`, TensorFlow's
     `compute_average_loss` convention, e.g. a Keras loss with `reduction="none"`) are summed, a
@@ -178,11 +189,13 @@ def is_python_zero(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
 
 
+@tf.autograph.experimental.do_not_convert
 def _values(g: Any) -> tf.Tensor:
     """A gradient's entries: the values of an IndexedSlices, else the tensor itself."""
     return g.values if isinstance(g, tf.IndexedSlices) else g
 
 
+@tf.autograph.experimental.do_not_convert
 def _map(fn: Callable, g: Any) -> Any:
     """`fn` applied to a gradient's entries, an IndexedSlices kept as one."""
     if isinstance(g, tf.IndexedSlices):
@@ -190,6 +203,7 @@ def _map(fn: Callable, g: Any) -> Any:
     return fn(g)
 
 
+@tf.autograph.experimental.do_not_convert
 def _clip(gradients: list, clip_norm: float | None, norm: tf.Tensor) -> list:
     """`tf.clip_by_global_norm` with the known, finite `norm` (None: no clip). Traced."""
     if clip_norm is None:
@@ -198,6 +212,7 @@ def _clip(gradients: list, clip_norm: float | None, norm: tf.Tensor) -> list:
     return clipped
 
 
+@tf.autograph.experimental.do_not_convert
 def _finite_and_clipped(
     gradients: list, clip_norm: float | None, counter: tf.Variable | None = None
 ) -> tuple[list, list, tf.Tensor]:
@@ -221,6 +236,7 @@ def _finite_and_clipped(
     return fixed, clipped, norm
 
 
+@tf.autograph.experimental.do_not_convert
 def _rescaled_clip(gradients: list, clip_norm: float | None) -> tuple[list, tf.Tensor]:
     """`(clipped, norm)` of finite gradients whose sum of squares overflows. Traced.
 

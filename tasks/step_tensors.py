@@ -44,6 +44,7 @@ def wants_tensors(fn: Callable) -> bool:
     return bool(getattr(fn, "step_tensors", False))
 
 
+@tf.autograph.experimental.do_not_convert
 def keep(**tensors: Any) -> None:
     """Records this replica's `tensors` (names from `NAMES`) for the callbacks of the step being
     traced; nothing otherwise. Traced, per replica; returns None."""

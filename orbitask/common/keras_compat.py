@@ -25,6 +25,7 @@ LEGACY_DRAWS = "legacy_stateful"  # tf_keras RandomGenerator's type of unsaved s
 _TF_KERAS_SCHEDULE = tf_keras.optimizers.schedules.LearningRateSchedule
 
 
+@tf.autograph.experimental.do_not_convert
 def model_flavour(model: Any) -> str | None:
     """Returns "keras" or "tf_keras" for a model (or the first model of a dict), else None.
 
@@ -43,6 +44,7 @@ def model_flavour(model: Any) -> str | None:
     return None
 
 
+@tf.autograph.experimental.do_not_convert
 def optimizer_flavour(optimizer: Any) -> str | None:
     """Returns "keras" or "tf_keras" for a Keras optimizer, else None (e.g. a plain tf.Module)."""
     inner = getattr(optimizer, "inner_optimizer", None)  # LossScaleOptimizer wrappers.
@@ -127,6 +129,7 @@ def refresh_tracking(optimizer: Any) -> None:
             del opt._coalesced_children  # noqa: SLF001
 
 
+@tf.autograph.experimental.do_not_convert
 def learning_rate_variable(optimizer: Any) -> Any:
     """The optimizer's own learning-rate variable, or None when it follows a schedule/callable.
 
@@ -197,6 +200,7 @@ def scale_schedule(optimizer: Any, factor: tf.Variable) -> None:
     inner.learning_rate = Scaled()
 
 
+@tf.autograph.experimental.do_not_convert
 def sync_learning_rate(optimizer: Any, lr: Any) -> None:
     """Copies the learning-rate variable into the optimizer's own (eager or traced); or each's.
 
@@ -211,6 +215,7 @@ def sync_learning_rate(optimizer: Any, lr: Any) -> None:
         target.assign(tf.cast(lr, target.dtype))
 
 
+@tf.autograph.experimental.do_not_convert
 def apply_gradients(optimizer: Any, gradients: list, variables: list) -> None:
     """Applies gradients that are already summed over replicas, exactly once.
 
@@ -229,6 +234,7 @@ def apply_gradients(optimizer: Any, gradients: list, variables: list) -> None:
     optimizer.apply_gradients(pairs)
 
 
+@tf.autograph.experimental.do_not_convert
 def _replica_share(g: Any, context: Any) -> Any:
     """The part of the all-reduced `g` this replica hands a Keras 3 optimizer, which sums over
     replicas: `g / replicas`, or of an `IndexedSlices` the replica's contiguous share of rows."""
@@ -241,6 +247,7 @@ def _replica_share(g: Any, context: Any) -> Any:
     return tf.IndexedSlices(g.values[start:end], g.indices[start:end], g.dense_shape)
 
 
+@tf.autograph.experimental.do_not_convert
 def reset_trace_state(optimizer: Any) -> None:
     """Sets the Python counter tf_keras' Nadam keeps across traces so that no traced update
     takes its "already computed this step" branch (one optimizer or a dict of them).
@@ -313,6 +320,7 @@ def layer_generator(obj: Any) -> tf.random.Generator | None:
     return generator if isinstance(generator, tf.random.Generator) else None
 
 
+@tf.autograph.experimental.do_not_convert
 def model_loss_terms(model: Any) -> tuple[list, list, list] | None:
     """`(weight, activity, added)`: the terms of a Keras model's `model.losses` after its call,
     by source: weight regularisers, activity regularisers (means over the batch) and the other

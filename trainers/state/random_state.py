@@ -112,6 +112,7 @@ STATEFUL_RANDOM_OPS = frozenset(
 _LIBRARY_PATHS = ("/tensorflow/", "/keras/", "/tf_keras/", "/orbit/", "/orbitask/", "/absl/")
 
 
+@tf.autograph.experimental.do_not_convert
 def unsaved_step_draws(graph: Any) -> list[str]:
     """Names the stateful random ops of a traced step (`graph`, a FuncGraph, with the functions
     it calls, conds and loops included), each as `"OpType (file:line)"` at the innermost frame
