@@ -1,8 +1,8 @@
 """Where a job runs (`trainers.distribution.platforms`): each platform's resolver reads the
 environment its jobs set, recorded here from the platform's documentation (source in each
 comment), and gives the cluster as TF_CONFIG, the default model directory, where TensorBoard's
-summaries go and where the final SavedModel goes. The slow test runs a Vertex AI job's two
-replicas on 127.0.0.1 end to end."""
+summaries go and where the final SavedModel goes. The slow tests run a Vertex AI job's two
+replicas and a SageMaker job's two hosts on this machine end to end."""
 
 import contextlib
 import io
@@ -226,6 +226,28 @@ def _two_free_ports() -> int:
     raise AssertionError("no two consecutive free ports")
 
 
+def _two_workers(envs: list[dict], command: list[str]) -> list[str]:
+    """Runs `command` once per environment in `envs`, side by side; returns their outputs, each
+    process having exited 0."""
+    procs = [
+        subprocess.Popen(command, cwd=faults.REPO, env=env, text=True, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT)
+        for env in envs
+    ]  # fmt: skip
+    outputs = []
+    try:
+        outputs = [proc.communicate(timeout=240)[0] for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+    for proc, text in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, text[-3000:]
+    return outputs
+
+
+STRATEGY = "orbitask.run_experiment.strategy='multi_worker_mirrored'"
+
+
 @pytest.mark.slow
 def test_a_vertex_job_trains_on_its_two_replicas_and_delivers_its_savedmodel(tmp_path):
     """The job's CLUSTER_SPEC (no TF_CONFIG, no --model_dir) on 127.0.0.1: the primary replica
@@ -237,10 +259,9 @@ def test_a_vertex_job_trains_on_its_two_replicas_and_delivers_its_savedmodel(tmp
         "environment": "cloud",
     }
     checkpoints, model = tmp_path / "checkpoints", tmp_path / "model"
-    strategy = "orbitask.run_experiment.strategy='multi_worker_mirrored'"
-    command = [a for a in faults.command("unused", steps=40, extra=[strategy])
+    command = [a for a in faults.command("unused", steps=40, extra=[STRATEGY])
                if not a.startswith("--model_dir")]  # fmt: skip
-    procs = []
+    envs = []
     for pool in ("workerpool0", "workerpool1"):
         env = launching.env(tmp_path / pool)
         env.pop("TF_CONFIG", None)
@@ -250,27 +271,35 @@ def test_a_vertex_job_trains_on_its_two_replicas_and_delivers_its_savedmodel(tmp
             AIP_CHECKPOINT_DIR=str(checkpoints),
             AIP_MODEL_DIR=str(model),
         )
-        procs.append(
-            subprocess.Popen(
-                command,
-                cwd=faults.REPO,
-                env=env,
-                text=True,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-            )  # fmt: skip
-        )
-    outputs = []
-    try:
-        outputs = [proc.communicate(timeout=240)[0] for proc in procs]
-    finally:
-        for proc in procs:
-            proc.kill()
-    for proc, text in zip(procs, outputs, strict=True):
-        assert proc.returncode == 0, text[-3000:]
+        envs.append(env)
+    outputs = _two_workers(envs, command)
     assert "orbitask: on Vertex AI: chief 0, model directory" in outputs[0]
     assert faults.replicas_in(outputs[0]) == [2]  # the chief: 2 replicas, one per replica pool
     assert launching.latest_step(checkpoints) == 40
     assert f"SavedModel copied to {model}" in outputs[0]
     assert tf.saved_model.contains_saved_model(str(model))
     assert not os.path.exists(os.path.join(model, "variables", "tmp"))
+
+
+@pytest.mark.slow
+def test_a_sagemaker_job_trains_on_its_two_hosts_and_delivers_its_savedmodel(tmp_path):
+    """SM_HOSTS of two hosts that are both this machine (`localhost` and `127.0.0.1`), a process
+    each with its SM_CURRENT_HOST: they train as two workers, and the chief's SavedModel lands in
+    SM_MODEL_DIR/<step>. `--model_dir` stands in for /opt/ml/checkpoints."""
+    port = _two_free_ports()
+    hosts = ["localhost", "127.0.0.1"]
+    checkpoints, model = tmp_path / "checkpoints", tmp_path / "model"
+    command = faults.command(checkpoints, steps=40, extra=[STRATEGY])
+    envs = []
+    for host in hosts:
+        env = launching.env(tmp_path / host)
+        env.pop("TF_CONFIG", None)
+        env.update(SM_HOSTS=json.dumps(hosts), SM_CURRENT_HOST=host, SM_MODEL_DIR=str(model),
+                   ORBITASK_PORT=str(port))  # fmt: skip
+        envs.append(env)
+    outputs = _two_workers(envs, command)
+    assert f"orbitask: on SageMaker: worker 0, model directory {checkpoints}" in outputs[0]
+    assert "orbitask: on SageMaker: worker 1" in outputs[1]
+    assert faults.replicas_in(outputs[0]) == [2]
+    assert launching.latest_step(checkpoints) == 40
+    assert tf.saved_model.contains_saved_model(str(model / "40"))

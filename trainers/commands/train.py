@@ -16,6 +16,7 @@ with its traceback (exit 1).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import sys
@@ -275,7 +276,7 @@ def main(argv: list[str]) -> int:
         return fail(e)
     if placement is not None:
         FLAGS.model_dir = FLAGS.model_dir or placement.model_dir
-        print(placement.describe(), flush=True)
+        print(dataclasses.replace(placement, model_dir=FLAGS.model_dir).describe(), flush=True)
     if not FLAGS.model_dir:
         return fail("--model_dir is required: where checkpoints and summaries go.")
     expand_home(FLAGS, "model_dir", "output_dir")
