@@ -11,7 +11,7 @@ later files several times slower. The objects left are then frozen (`gc.freeze`)
 collected: freeing a file's traced graphs took 1 to 80 seconds of the file's teardown, frozen
 objects cost later collections nothing, and collecting a whole worker's frozen objects at once
 took 255 to 346 seconds. They are collected only when the machine runs short of memory
-(`COLLECT_BELOW_AVAILABLE`): over a whole run one worker grows to about 5.5 GB.
+(`COLLECT_BELOW_AVAILABLE`): over a whole run the largest worker grows to 5.2-5.5 GB.
 """
 
 import gc
