@@ -17,6 +17,8 @@ progress         first loop, interval_s (local), last step; a terminal: every lo
 profiler         steps first-1 and last; at start inside the window yes
 nan_guard        condition: patience bad steps in a row (a rollback precedes any checkpoint)
 preemption       every loop (after SIGTERM: saves and stops)
+model_dir        every loop, the chief's training (a deleted model directory made again)
+train_actions    every loop (Orbit's train actions, in order)
 summaries        every loop (keeps train/ scalars, the steps/sec line)
 summary_writes   first loop, the summary interval, 30 s (local)
 checkpoint       checkpoint_interval steps, checkpoint_seconds      yes
@@ -24,9 +26,9 @@ evaluation       at start (the first evaluation); eval_interval     yes
                  steps and train_steps, eval_seconds
 ```
 
-The Controller adds `summaries`, `summary_writes`, `checkpoint` and, in `train_and_evaluate`,
-`evaluation`; the runner builds the others (`run.run_actions.train_entries`). A new periodic
-feature is one more entry.
+The Controller adds `train_actions`, `summaries`, `summary_writes`, `checkpoint` and, in
+`train_and_evaluate`, `evaluation`; the runner builds the others (`run.run_actions.train_entries`).
+A new periodic feature is one more entry.
 
 Everything here is eager host Python on ints: it runs after every device loop.
 """
