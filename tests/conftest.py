@@ -65,7 +65,7 @@ def _release_after_each_file():
 
 
 # The share of the machine's memory still available below which a file's end collects every
-# frozen object: room for the other worker's growth and a test's training processes.
+# frozen object: room for the other workers' growth and a test's training processes.
 COLLECT_BELOW_AVAILABLE = 0.3
 
 
