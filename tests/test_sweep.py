@@ -6,6 +6,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import optuna
@@ -35,9 +36,12 @@ PARAMS = [
 ]
 
 
+def _url(folder) -> str:
+    return "sqlite:///" + os.path.join(str(folder), "study.db")
+
+
 def _study(folder) -> optuna.Study:
-    url = "sqlite:///" + os.path.join(str(folder), "study.db")
-    return optuna.load_study(study_name=os.path.basename(str(folder)), storage=url)
+    return optuna.load_study(study_name=os.path.basename(str(folder)), storage=_url(folder))
 
 
 # --param
@@ -213,6 +217,30 @@ def test_a_sweep_killed_inside_a_trial_resumes_that_trial_and_counts_it_once(tmp
     assert [r["step"] for r in rows if r["split"] == "eval"] == [20, 40]
     assert trials[2].intermediate_values.keys() == {20, 40}
     assert re.search(r"^best trial  trial-\d: eval accuracy ", again.stdout, re.M), again.stdout
+
+
+def test_openers_racing_on_a_new_study_all_open_the_same_one(tmp_path):
+    # Six openers of one new SQLite study at the same instant race to make its tables; Optuna
+    # fails the losers ("table studies already exists", or the schema version's UNIQUE
+    # constraint), and each of them opens again.
+    gate, opened, failed = threading.Barrier(6), [], []
+
+    def open_one() -> None:
+        gate.wait()
+        try:
+            found = study.open_study(str(tmp_path), None, "race", "maximize", "median")
+            opened.append(found._study_id)  # noqa: SLF001
+        except Exception as e:  # noqa: BLE001 - the test reports every failure
+            failed.append(f"{type(e).__name__}: {str(e).splitlines()[0]}")
+
+    openers = [threading.Thread(target=open_one) for _ in range(6)]
+    for one in openers:
+        one.start()
+    for one in openers:
+        one.join()
+    assert failed == []
+    assert len(opened) == 6 and len(set(opened)) == 1
+    assert [s.study_name for s in optuna.get_all_study_summaries(_url(tmp_path))] == ["race"]
 
 
 @pytest.mark.slow

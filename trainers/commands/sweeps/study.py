@@ -9,6 +9,10 @@ its values as Optuna keeps them, its run resumed from its folder's newest checkp
 another host is left to that host (its folder is there). Claims are made under
 `<sweep>/sweep.lock`, so that processes of one host never take the same trial or start more
 than `--trials`.
+
+Processes that open one new study at once (`--processes`, or sweeps on several machines with one
+`--storage`) race to make its database's tables; Optuna fails the losers of that race, and
+`open_study` opens again until the tables are there.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ from __future__ import annotations
 import datetime
 import fcntl
 import os
+import random
 import socket
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -27,6 +33,7 @@ from orbitask.trainers.state.model_dir_lock import FileLock
 TRIAL_LOCK = "sweep.lock"
 SUMMARY = "sweep.json"
 UNCLAIMED_S = 60.0  # a RUNNING trial without a folder this old was left between ask and claim
+OPEN_ATTEMPTS = 10  # tries at opening a study whose tables other processes are making
 
 
 def open_study(folder: str, storage: str | None, name: str, direction: str, pruner: str) -> Any:
@@ -39,13 +46,22 @@ def open_study(folder: str, storage: str | None, name: str, direction: str, prun
         "hyperband": optuna.pruners.HyperbandPruner,
         "none": optuna.pruners.NopPruner,
     }
-    return optuna.create_study(
-        storage=url,
-        study_name=name,
-        direction=direction,
-        pruner=pruners[pruner](),
-        load_if_exists=True,
-    )
+    from sqlalchemy import exc
+
+    for attempt in range(OPEN_ATTEMPTS):
+        try:
+            return optuna.create_study(
+                storage=url,
+                study_name=name,
+                direction=direction,
+                pruner=pruners[pruner](),
+                load_if_exists=True,
+            )
+        except (exc.IntegrityError, exc.OperationalError):
+            # Another process made a table or the schema's version row first.
+            if attempt == OPEN_ATTEMPTS - 1:
+                raise
+            time.sleep(random.uniform(0.05, 0.2) * (attempt + 1))
 
 
 @contextmanager
