@@ -41,7 +41,7 @@ class ParameterServerTrainer(TaskTrainer):
     device_eval_loop = False  # the coordinator evaluates a plain dataset, step by step
 
     def __init__(self, **kwargs):
-        if kwargs.get("nan_guard") is not None:
+        if kwargs["objects"].nan_guard is not None:
             raise ConfigError(
                 "`nan_guard` is not supported with strategy='parameter_server' (workers update "
                 "asynchronously); remove run_experiment.nan_guard from your .gin file."

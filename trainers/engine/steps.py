@@ -30,20 +30,42 @@ from orbitask.trainers.engine.replica_batches import ReplicaBatches
 from orbitask.trainers.state import random_state
 
 
-@dataclasses.dataclass
-class TaskObjects:
-    """A task's built objects, as the trainer and its step parts use them."""
+@dataclasses.dataclass(frozen=True)
+class RunObjects:
+    """The run's objects: the task's built objects and the training state around them, the one
+    record the builders return and the step, the trainer and the checks before step 1 read.
+
+    Attributes:
+      task: the Task.
+      strategy: the run's strategy.
+      model: the task's model (or dict of models).
+      optimizer: the task's optimizer (or dict of optimizers).
+      loss_fn: the loss the steps call (the task's, or `loss_share.for_steps`'s wrapper of it);
+        None when no step of the run calls it.
+      learning_rate: the run's learning rate (`trainers.features.learning_rate.LearningRate`:
+        its variable `lr`, schedule, factor and owner).
+      global_step: the run's step variable.
+      global_batch_size: the examples of one step, over all replicas.
+      train_metrics: the training metrics; empty when the run does not train.
+      eval_metrics: the validation metrics; empty when the run does not evaluate.
+      nan_guard: the NaN guard of a training run (built), else None.
+      loss_scale: the dynamic loss scale of a mixed_float16 training run, else None.
+      ema: the run's weight averaging (built with the checkpoint), else None.
+    """
 
     task: Any
     strategy: tf.distribute.Strategy
     model: Any
     optimizer: Any
     loss_fn: Any
-    learning_rate: Any  # `trainers.features.learning_rate.LearningRate`, the rate's owner
+    learning_rate: Any
     global_step: tf.Variable
     global_batch_size: int
     train_metrics: list = dataclasses.field(default_factory=list)
     eval_metrics: list = dataclasses.field(default_factory=list)
+    nan_guard: Any = None
+    loss_scale: Any = None
+    ema: Any = None
 
     @property
     def lr(self) -> tf.Variable:
@@ -60,7 +82,7 @@ class ReplicaUpdate:
 
     def __init__(
         self,
-        objects: TaskObjects,
+        objects: RunObjects,
         accumulation: int,
         loss_scale: Any = None,
         check_finite: bool = False,
@@ -94,7 +116,7 @@ class ReplicaUpdate:
         return logs
 
 
-def task_train_step(objects: TaskObjects) -> Callable:
+def task_train_step(objects: RunObjects) -> Callable:
     """The replica function running the task's `train_step` (traced, replica context)."""
 
     def replica_step(batch):
@@ -233,24 +255,14 @@ class TrainStep:
     """One distributed step = one optimizer update, composed of the parts above.
 
     Args:
-      objects: the task's built objects.
+      objects: the run's objects; their `nan_guard` (None: the seed's behaviour), `loss_scale`
+        (float16) and `ema` shape the step.
       accumulation: batches per optimizer update (K).
-      nan_guard: a built `trainers.NanGuard`, or None (the seed's behaviour).
-      loss_scale: a `trainers.features.precision.DynamicLossScale` (float16), or None.
-      ema: a built `trainers.ExponentialMovingAverage`, or None.
       jit_compile: compile the per-replica step with XLA (not a guarded step).
     """
 
-    def __init__(
-        self,
-        objects: TaskObjects,
-        accumulation: int = 1,
-        nan_guard: Any = None,
-        loss_scale: Any = None,
-        ema: Any = None,
-        jit_compile: bool = False,
-    ):
-        strategy = objects.strategy
+    def __init__(self, objects: RunObjects, accumulation: int = 1, jit_compile: bool = False):
+        strategy, nan_guard, loss_scale = objects.strategy, objects.nan_guard, objects.loss_scale
         self.objects = objects
         learning_rate = objects.learning_rate
         self.schedule = learning_rate if learning_rate.schedule is not None else None
@@ -267,7 +279,7 @@ class TrainStep:
             self.body = PlainBody(strategy, update.compute_and_apply, jit_compile)
         else:
             self.body = PlainBody(strategy, task_train_step(objects), jit_compile)
-        self.finish = Finish(strategy, objects.global_step, ema, rule)
+        self.finish = Finish(strategy, objects.global_step, objects.ema, rule)
 
     def reset(self) -> None:
         """Eager, before a new loop function is traced."""

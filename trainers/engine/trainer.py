@@ -36,20 +36,26 @@ from orbitask.trainers.engine.step_errors import refuse_hidden_logs
 from orbitask.trainers.state import random_state
 
 
+def step_now(trainer: Any, global_step: tf.Variable) -> int:
+    """Returns the global step: the step `trainer`'s last device loop ended at (its
+    `last_step`, host state that a NaN rollback keeps current), else (no trainer, another kind
+    of trainer, or before the first loop) a read of `global_step` (an eager op). Eager."""
+    step = getattr(trainer, "last_step", None)
+    return int(global_step.numpy()) if step is None else step
+
+
 class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
     """Runs a `tasks.Task`'s train step (a `steps.TrainStep`) and validation step on a strategy.
 
     Args:
-      objects: the task's built objects (`steps.TaskObjects`).
+      objects: the run's objects (`steps.RunObjects`); a tripped `nan_guard` of theirs ends the
+        device loop early, and evaluation swaps their `ema`'s weights in.
       step: the composed train step (`steps.TrainStep`).
       train_iterator: a plain `tf.data` iterator yielding one per-replica batch per `next`; each
         step takes one batch per local replica, so it can be checkpointed (exact resume).
       eval_dataset: a distributed dataset for `validation_step`, a dict `{name: dataset}` of
         validation sets (each evaluated in turn, `TaskEvaluator.evaluate`), or None.
       use_tf_while_loop: run each device loop as one `tf.while_loop` (default) or a Python loop.
-      nan_guard: the built `trainers.NanGuard` of the step, or None: a tripped guard ends the
-        device loop early.
-      ema: a built `trainers.ExponentialMovingAverage` (evaluation swaps its weights in), or None.
       record_history: keep every step's scalar logs (metrics and learning rate included) of the
         last device loop in `loop_history` (for `tasks.deferred` callbacks).
     """
@@ -66,8 +72,6 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         train_iterator: Any = None,
         eval_dataset: Any = None,
         use_tf_while_loop: bool = True,
-        nan_guard: Any = None,
-        ema: Any = None,
         record_history: bool = False,
     ):
         self.objects = objects
@@ -82,8 +86,8 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
         self.train_metrics = list(objects.train_metrics)
         self.eval_metrics = list(objects.eval_metrics)
         self.step = step
-        self.nan_guard = nan_guard
-        self.ema = ema
+        self.nan_guard = objects.nan_guard
+        self.ema = objects.ema
         self.record_history = record_history
         # Per-loop host state lives in a plain object: an attribute set on this tf.Module is
         # tracked (a dict or tuple is wrapped), which slows every device loop's host work.
@@ -126,11 +130,11 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
             if hasattr(self._loop_fn, "get_concrete_function"):  # traced now, run below
                 self._loop_fn.get_concrete_function(self._iterator, num_steps)
                 refuse_hidden_logs(self.task, self._loop.log_names, self.train_metrics)
-        run = self._loop_fn
-        if self.kept is not None and self.kept.due(self.step_now() + int(num_steps)):
+        run, start = self._loop_fn, step_now(self, self.global_step)
+        if self.kept is not None and self.kept.due(start + int(num_steps)):
             run = functools.partial(self.kept.run, self._loop_fn)  # the last step's tensors
         if self.mark_loops:  # while profiling: each loop a "train" step in TensorBoard
-            with tf.profiler.experimental.Trace("train", step_num=self.step_now(), _r=1):
+            with tf.profiler.experimental.Trace("train", step_num=start, _r=1):
                 out = run(self._iterator, num_steps)
         else:
             out = run(self._iterator, num_steps)
@@ -158,12 +162,6 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
     @last_step.setter
     def last_step(self, step: int) -> None:
         self._loop.last_step = step
-
-    def step_now(self) -> int:
-        """Returns the global step: `last_step`, or (before the first loop) a read of the
-        variable (an eager op). Eager."""
-        step = self._loop.last_step
-        return int(self.global_step.numpy()) if step is None else step
 
     @property
     def loop_history(self) -> tuple[int, dict]:

@@ -6,8 +6,8 @@ validation multiplies `factor` by 0.5 (nabu's `learning_rate_fact`). Without a s
 itself is the rate (callbacks may assign it) and halving scales it.
 
 One object owns the rate: `LearningRate`, built from `run_experiment.learning_rate` and held
-under that name from the settings to the trainer (`RunObjects.learning_rate`,
-`TaskObjects.learning_rate`); the variable it sets is `lr`, the name the stages and callbacks
+under that name from the settings to the trainer (`RunObjects.learning_rate`, the run's one
+record of its objects); the variable it sets is `lr`, the name the stages and callbacks
 get it by. Whose rate a run uses is its `owner`, decided once by `decide_owner`: with
 `run_experiment.learning_rate` unset, the optimizer's own (`build_optimizer`'s default Nadam gets
 1e-3); with it set, that setting, and one line says so when the optimizer was built with another

@@ -142,7 +142,7 @@ def reason(error: BaseException, limit: int = 300) -> str:
 
 def check_not_a_mean(task: Any, objects: Any, outputs: Any, batch: Any, where: str) -> None:
     """Refuses a scalar loss that is a plain mean over the batch under `loss_reduction` "sum"
-    (`objects`: a `steps.TaskObjects`). The loss of the batch and that of the batch
+    (`objects`: a `steps.RunObjects`). The loss of the batch and that of the batch
     (outputs and labels) twice over agree for a mean, where a sum doubles (a Keras 3 loss
     object's mean is a mean). Eager (one
     tf.function); returns None; a loss that cannot take the doubled batch, or is 0, is not

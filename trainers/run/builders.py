@@ -24,7 +24,7 @@ from orbitask.trainers.engine.determinism import make_deterministic
 from orbitask.trainers.engine.kept_step import KeptStep
 from orbitask.trainers.engine.prefetch import Prefetch
 from orbitask.trainers.engine.ps_trainer import ParameterServerTrainer
-from orbitask.trainers.engine.steps import TaskObjects, TrainStep
+from orbitask.trainers.engine.steps import RunObjects, TrainStep
 from orbitask.trainers.engine.trainer import TaskTrainer
 from orbitask.trainers.errors import ConfigError
 from orbitask.trainers.features.learning_rate import LearningRate
@@ -38,41 +38,6 @@ from orbitask.trainers.run.settings import (
     flat,
 )
 from orbitask.trainers.state import loggers
-
-
-@dataclasses.dataclass(frozen=True)
-class RunObjects:
-    """The task's objects and the training state around them (`build_objects`).
-
-    Attributes:
-      model: the task's model (or dict of models).
-      loss_fn: the task's loss; None when no step of the run calls it.
-      global_step: the run's step variable.
-      learning_rate: the run's learning rate (`LearningRate`: its variable `lr`, schedule,
-        factor and owner).
-      optimizer: the task's optimizer (or dict of optimizers).
-      train_metrics: the training metrics; empty when the run does not train.
-      eval_metrics: the validation metrics; empty when the run does not evaluate.
-      nan_guard: the NaN guard of a training run (built), else None.
-      loss_scale: the dynamic loss scale of a mixed_float16 training run, else None.
-      ema: the run's weight averaging (built with the checkpoint), else None.
-    """
-
-    model: Any
-    loss_fn: Any
-    global_step: tf.Variable
-    learning_rate: LearningRate
-    optimizer: Any
-    train_metrics: list
-    eval_metrics: list
-    nan_guard: Any
-    loss_scale: DynamicLossScale | None
-    ema: Any = None
-
-    @property
-    def lr(self) -> tf.Variable:
-        """The learning-rate variable the steps read."""
-        return self.learning_rate.lr
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +70,9 @@ def build_strategy(settings: Settings) -> tf.distribute.Strategy:
     return strategy
 
 
-def build_objects(task: Any, settings: Settings, training: bool, evaluating: bool) -> RunObjects:
+def build_objects(
+    task: Any, strategy: Any, settings: Settings, training: bool, evaluating: bool
+) -> RunObjects:
     """The task's model, loss, optimizer and metrics, the global step and the learning rate,
     the NaN guard and the loss scale. Eager, in the strategy's scope. The chief of a training
     run names the tf_keras layers whose draws are saved."""
@@ -135,6 +102,8 @@ def build_objects(task: Any, settings: Settings, training: bool, evaluating: boo
         nan_guard.build()
     float16 = features.mixed_precision == "mixed_float16" and training
     return RunObjects(
+        task=task,
+        strategy=strategy,
         model=model,
         loss_fn=loss_fn,
         global_step=global_step,
@@ -145,6 +114,7 @@ def build_objects(task: Any, settings: Settings, training: bool, evaluating: boo
         nan_guard=nan_guard,
         loss_scale=DynamicLossScale() if float16 else None,
         ema=copy.copy(features.ema),
+        global_batch_size=loop.global_batch_size,
     )
 
 
@@ -158,18 +128,6 @@ def _flavour(task: Any, flavour: str) -> Iterator[None]:
         yield
     finally:
         task.keras_flavour = given
-
-
-def task_objects_of(
-    task: Any, strategy: Any, objects: RunObjects, settings: Settings, loss_fn: Any
-) -> TaskObjects:
-    """The run's objects as the step, the trainer and the checks before step 1 use them, with
-    `loss_fn` (the steps' loss: `loss_share.for_steps`'s, or the task's). Eager."""
-    return TaskObjects(
-        task, strategy, objects.model, objects.optimizer, loss_fn, objects.learning_rate,
-        objects.global_step, settings.loop.global_batch_size, objects.train_metrics,
-        objects.eval_metrics,
-    )  # fmt: skip
 
 
 def build_train_input(
@@ -190,8 +148,7 @@ def build_train_input(
         loop.train_steps is None,  # by epochs
         Prefetch(settings.checkpoints.train_prefetch, settings.checkpoints.train_prefetch_bytes),
     )
-    checked = task_objects_of(task, strategy, objects, settings, objects.loss_fn)
-    return preflight.checked_train_input(task, strategy, train_input, checked)
+    return preflight.checked_train_input(task, strategy, train_input, objects)
 
 
 def steps_of_epochs(epochs: int, epoch_length: Any, strategy: Any) -> int:
@@ -289,25 +246,16 @@ def build_trainer(
     ps = cluster.is_parameter_server(strategy)
     per_replica = loop.global_batch_size // strategy.num_replicas_in_sync
     loss_fn = loss_share.for_steps(task, strategy, objects, train_input, eval_dataset, per_replica)
-    task_objects = task_objects_of(task, strategy, objects, settings, loss_fn)
-    step = TrainStep(
-        task_objects,
-        accumulation=loop.gradient_accumulation_steps,
-        nan_guard=objects.nan_guard,
-        loss_scale=objects.loss_scale,
-        ema=objects.ema,
-        jit_compile=loop.jit_compile,
-    )
+    stepping = dataclasses.replace(objects, loss_fn=loss_fn)  # the steps' loss
+    step = TrainStep(stepping, loop.gradient_accumulation_steps, loop.jit_compile)
     trainer_cls = ParameterServerTrainer if ps else TaskTrainer
     record_history = callbacks.has_deferred
     trainer = trainer_cls(
-        objects=task_objects,
+        objects=stepping,
         step=step,
         train_iterator=train_input.iterator if train_input is not None else None,
         eval_dataset=eval_dataset,
         use_tf_while_loop=loop.use_tf_while_loop and not loop.run_eagerly,  # no graph at all
-        nan_guard=objects.nan_guard,
-        ema=objects.ema,
         record_history=record_history and not ps,
     )
     if callbacks.asks_step_tensors and not ps:

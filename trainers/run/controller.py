@@ -54,6 +54,7 @@ from orbitask.trainers.actions.schedule import Periodic, Schedule
 from orbitask.trainers.actions.step_rate import StepRate
 from orbitask.trainers.actions.triggers import Trigger
 from orbitask.trainers.distribution import cluster
+from orbitask.trainers.engine.trainer import step_now
 from orbitask.trainers.state import checkpoint_restore
 
 
@@ -298,10 +299,8 @@ class Controller(orbit.Controller):
         return Periodic("checkpoint", save, when=self._saves, ends_loop=True)
 
     def _step_now(self) -> int:
-        """The global step: the trainer's `last_step` (the step its last loop ended at, kept
-        current by a NaN rollback), else a read of the variable (an eager op)."""
-        step_now = getattr(self.trainer, "step_now", None)
-        return step_now() if step_now else int(self.global_step.numpy())
+        """The global step (`engine.trainer.step_now`)."""
+        return step_now(self.trainer, self.global_step)
 
     def restore_checkpoint(self, checkpoint_path: str | None = None) -> str | None:
         """Restores `checkpoint_path`, or the newest readable checkpoint when None; with no

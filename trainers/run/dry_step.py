@@ -44,7 +44,7 @@ def build_weights(task: Any, strategy: Any, spec: Any, batch_size: int, objects:
     (`batch_size` a replica). Eager, inside `taken_back`; returns None.
 
     `objects` holds the model, loss, learning rate, optimizer, metrics and global batch size
-    (`steps.TaskObjects`). An error in the step keeps its traceback, with a note.
+    (`steps.RunObjects`). An error in the step keeps its traceback, with a note.
     """
     optimizer = objects.optimizer
     stand_in = (

@@ -16,7 +16,7 @@ from orbitask.common import keras_compat
 from orbitask.common.errors import one_line
 from orbitask.tasks.base import Task
 from orbitask.trainers.engine import evaluation, inputs, user_code
-from orbitask.trainers.engine.steps import TaskObjects
+from orbitask.trainers.engine.steps import RunObjects
 from orbitask.trainers.errors import ConfigError
 from orbitask.trainers.run import batch_checks, dry_step
 from orbitask.trainers.run.batch_checks import describe
@@ -27,7 +27,7 @@ from orbitask.trainers.state.input_position import IteratorInput
 def check_inputs(
     task: Any,
     element_spec: Any,
-    objects: TaskObjects,
+    objects: RunObjects,
     replicas: int,
     training: bool = True,
 ) -> None:
@@ -76,7 +76,7 @@ def check_inputs(
 
 
 def _check_forward(
-    task: Any, element_spec: Any, objects: TaskObjects, batch_size: int, where: str
+    task: Any, element_spec: Any, objects: RunObjects, batch_size: int, where: str
 ) -> None:
     """A batch of zeros of `element_spec` through `input_pre`, the model, `loss_pre` and the loss,
     eagerly; the loss must be per-example losses or their sum."""
@@ -158,7 +158,7 @@ def check_built_in_scope(task: Any, model: Any, strategy: Any) -> None:
             )
 
 
-def checked_train_input(task: Any, strategy: Any, train_input: Any, objects: TaskObjects) -> Any:
+def checked_train_input(task: Any, strategy: Any, train_input: Any, objects: RunObjects) -> Any:
     """`train_input` (`inputs.train_input`) checked before the first step: its position
     checkpointable, and one batch of its spec through the model and loss. Builds the optimizer's
     slots. Eager; returns `train_input`.

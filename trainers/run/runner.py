@@ -129,7 +129,7 @@ class ExperimentRunner(ModeRunning):
           _checkpoints_to_evaluate  the saved checkpoints evaluated one by one
         _build_eval_input         the validation dataset(s) (evaluating only), each first
                                   batch through validation_step (`preflight`)
-        _build_trainer            TaskObjects + TrainStep -> TaskTrainer
+        _build_trainer            RunObjects + TrainStep -> TaskTrainer
         _build_loop_length        device loops' length
         _build_progress, _build_profiler
         _build_controller         the Controller, with _build_train_entries, _build_eval_actions;
@@ -174,7 +174,9 @@ class ExperimentRunner(ModeRunning):
 
     def _build_objects(self) -> builders.RunObjects:
         """The task's model, loss, optimizer and metrics, the step and the learning rate."""
-        return builders.build_objects(self.task, self.settings, self.training, self.evaluating)
+        return builders.build_objects(
+            self.task, self.strategy, self.settings, self.training, self.evaluating
+        )
 
     def _build_train_input(self) -> inputs.TrainInput:
         """The train input and its position, checked against the model and loss."""
@@ -254,7 +256,7 @@ class ExperimentRunner(ModeRunning):
         return builders.build_eval_input(self.task, self.strategy, batch, steps)
 
     def _build_trainer(self) -> TaskTrainer:
-        """TaskObjects + TrainStep -> TaskTrainer (ParameterServerTrainer under PS)."""
+        """RunObjects + TrainStep -> TaskTrainer (ParameterServerTrainer under PS)."""
         return builders.build_trainer(
             self.task,
             self.strategy,

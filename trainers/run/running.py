@@ -21,6 +21,7 @@ from orbitask.tasks import CallbackContext
 from orbitask.trainers.actions import summaries
 from orbitask.trainers.actions.triggers import Trigger
 from orbitask.trainers.engine import evaluation, step_errors
+from orbitask.trainers.engine.trainer import step_now
 from orbitask.trainers.errors import EarlyStop
 from orbitask.trainers.features.nan_guard import ZeroedSteps
 from orbitask.trainers.run import best, checkpointing, messages, saved_model
@@ -176,10 +177,8 @@ class ModeRunning:
         return self.controller.schedule.running or self.trainer.phase
 
     def _step_now(self) -> int:
-        """The global step after the last device loop (no read of the variable once a loop ran)."""
-        if self.trainer is None:
-            return int(self.objects.global_step.numpy())
-        return self.trainer.step_now()
+        """The global step (`engine.trainer.step_now`)."""
+        return step_now(self.trainer, self.objects.global_step)
 
     def _loop_history(self) -> tuple[int, dict]:
         return self.trainer.loop_history
