@@ -15,7 +15,6 @@ from orbitask import trainers as _trainers
 
 if TYPE_CHECKING:  # what editors and type checkers read; at runtime each name loads on first use
     from orbitask.tasks.base import Task as Task
-    from orbitask.tasks.callback_task import CallbackTask as CallbackTask
     from orbitask.tasks.callbacks import CallbackContext as CallbackContext
     from orbitask.tasks.callbacks import deferred as deferred
     from orbitask.tasks.callbacks import print_loss as print_loss
@@ -24,6 +23,7 @@ if TYPE_CHECKING:  # what editors and type checkers read; at runtime each name l
     from orbitask.tasks.examples.digits_cnn import DigitsCNN as DigitsCNN
     from orbitask.tasks.examples.digits_gan import DigitsGAN as DigitsGAN
     from orbitask.tasks.examples.digits_parity import DigitsParity as DigitsParity
+    from orbitask.tasks.function_task import CallbackTask as CallbackTask
     from orbitask.tasks.indexed_input import IndexedInput as IndexedInput
     from orbitask.tasks.model_garden import ModelGardenTask as ModelGardenTask
     from orbitask.tasks.multi_task import MultiTask as MultiTask
@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # what editors and type checkers read; at runtime each name l
     from orbitask.trainers.commands.ray_train import run_on_ray as run_on_ray
     from orbitask.trainers.distribution.strategies import build_strategy as build_strategy
     from orbitask.trainers.distribution.strategies import logical_cpus as logical_cpus
-    from orbitask.trainers.engine.trainer import TaskTrainer as TaskTrainer
+    from orbitask.trainers.engine.task_trainer import TaskTrainer as TaskTrainer
     from orbitask.trainers.errors import ConfigError as ConfigError
     from orbitask.trainers.errors import Interrupted as Interrupted
     from orbitask.trainers.errors import NonFiniteLossError as NonFiniteLossError

@@ -6,7 +6,6 @@ from orbitask.lazy import exports
 
 if TYPE_CHECKING:  # what editors and type checkers read; at runtime each name loads on first use
     from orbitask.tasks.base import Task as Task
-    from orbitask.tasks.callback_task import CallbackTask as CallbackTask
     from orbitask.tasks.callbacks import CallbackContext as CallbackContext
     from orbitask.tasks.callbacks import deferred as deferred
     from orbitask.tasks.callbacks import print_loss as print_loss
@@ -15,6 +14,7 @@ if TYPE_CHECKING:  # what editors and type checkers read; at runtime each name l
     from orbitask.tasks.examples.digits_cnn import DigitsCNN as DigitsCNN
     from orbitask.tasks.examples.digits_gan import DigitsGAN as DigitsGAN
     from orbitask.tasks.examples.digits_parity import DigitsParity as DigitsParity
+    from orbitask.tasks.function_task import CallbackTask as CallbackTask
     from orbitask.tasks.indexed_input import IndexedInput as IndexedInput
     from orbitask.tasks.model_garden import ModelGardenTask as ModelGardenTask
     from orbitask.tasks.multi_task import MultiTask as MultiTask
@@ -24,7 +24,7 @@ __all__, __getattr__, __dir__ = exports(
     __name__,
     {  # public name -> the module defining it, imported on first use
         "CallbackContext": "orbitask.tasks.callbacks",
-        "CallbackTask": "orbitask.tasks.callback_task",
+        "CallbackTask": "orbitask.tasks.function_task",
         "deferred": "orbitask.tasks.callbacks",
         "with_step_tensors": "orbitask.tasks.step_tensors",
         "DigitsClassification": "orbitask.tasks.examples.digits",

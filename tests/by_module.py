@@ -290,7 +290,7 @@ BY_HAND = {
     "trainers/run/batch_checks.py": ["test_bad_input.py", "test_per_example_loss.py"],
     "trainers/run/dry_step.py": ["test_own_step.py"],
     "trainers/run/folders.py": ["test_platforms.py", "test_read_only.py"],
-    "trainers/run/run_actions.py": ["test_cli_progress.py", "test_profiling.py", "test_signals.py"],
+    "trainers/run/entries.py": ["test_cli_progress.py", "test_profiling.py", "test_signals.py"],
     "trainers/state/tuning_loggers.py": ["test_search_tools.py"],
 }
 

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from orbitask.trainers import compat, run_experiment
 from orbitask.trainers.errors import ConfigError
-from orbitask.trainers.state import checkpoint_files, checkpoints
+from orbitask.trainers.state import checkpoint_files, checkpoint_manager
 from orbitask.trainers.state.input_position import IteratorInput
 from tests import faults
 from tests.helpers import Killed, TinyTask
@@ -109,7 +109,7 @@ def test_the_input_position_is_taken_on_the_training_thread_at_the_saved_step(tm
     checkpoint = tf.train.Checkpoint(step=step, big=tf.Variable(tf.zeros([4096, 4096])))
     checkpoint.input_position = position
     compat.enable_async_writes(checkpoint)
-    manager = checkpoints.SafeCheckpointManager(checkpoint, str(tmp_path), max_to_keep=3)
+    manager = checkpoint_manager.SafeCheckpointManager(checkpoint, str(tmp_path), max_to_keep=3)
     for _ in range(3):
         next(position.iterator)
     manager.save(3, options=tf.train.CheckpointOptions(enable_async=True))

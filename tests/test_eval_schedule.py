@@ -18,7 +18,7 @@ from orbitask import run_experiment
 from orbitask.trainers.actions.evaluation_points import evaluation_entry
 from orbitask.trainers.actions.triggers import Trigger
 from orbitask.trainers.run.controller import Controller
-from orbitask.trainers.run.running import evaluation_trigger
+from orbitask.trainers.run.entries import evaluation_trigger
 from orbitask.trainers.run.settings import EvalSettings
 from tests import faults
 from tests.helpers import StepTrainer, TinyTask

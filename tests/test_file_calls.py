@@ -38,15 +38,15 @@ ALLOWED = {
     ("trainers/distribution/slurm.py", "tf_config"): "shutil.which: a program on this host",
     ("trainers/distribution/platforms.py", "deliver"): "relpath of two paths of one gfile walk "
     "(a scheme is mangled alike in both)",
-    ("trainers/state/worker_checkpoints.py", "__init__"): "a worker's checkpoints in a local "
+    ("trainers/state/checkpoint_manager.py", "__init__"): "a worker's checkpoints in a local "
     "temporary folder",
-    ("trainers/state/worker_checkpoints.py", "_remove_abandoned"): "the local temporary folders "
+    ("trainers/state/checkpoint_manager.py", "_remove_abandoned"): "the local temporary folders "
     "of dead workers",
     ("trainers/state/model_dir_lock.py", "acquire"): "flock: a local or NFS lock file",
     ("trainers/state/model_dir_lock.py", "holder"): "flock: a local or NFS lock file",
     ("trainers/state/loggers.py", "run_name"): "a local model directory's name (is_local first)",
-    ("trainers/commands/compare.py", "names"): "local runs' names (is_local first)",
-    ("trainers/commands/compare.py", "common_folder"): "local runs' folder (is_local first)",
+    ("trainers/commands/several_runs.py", "names"): "local runs' names (is_local first)",
+    ("trainers/commands/several_runs.py", "common_folder"): "local runs' folder (is_local first)",
     ("trainers/commands/sweep.py", "_processes"): "a sweep's folder: SQLite and flock, local",
     ("trainers/commands/sweeps/study.py", "open_study"): "a sweep's SQLite file, local",
     ("trainers/commands/sweeps/study.py", "claims"): "a sweep's flock, local or NFS",

@@ -229,4 +229,4 @@ def test_one_function_copies_the_rate_into_the_optimizer():
         "orbitask/common/keras_compat.py",
         "trainers/features/learning_rate.py",
     ]
-    assert syncs == ["trainers/engine/trainer.py"]
+    assert syncs == ["trainers/engine/task_trainer.py"]

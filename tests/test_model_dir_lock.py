@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from orbitask.trainers import run_experiment
 from orbitask.trainers.commands import train
-from orbitask.trainers.state import checkpoint_files, model_dir_lock, worker_checkpoints
+from orbitask.trainers.state import checkpoint_files, checkpoint_manager, model_dir_lock
 from tests import faults
 from tests.helpers import TinyTask
 
@@ -100,7 +100,7 @@ def test_worker_temp_folders_are_unpredictable_and_abandoned_ones_removed(tmp_pa
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     chief = str(tmp_path / "model")
     checkpoint = tf.train.Checkpoint(step=tf.Variable(0))
-    first = worker_checkpoints.WorkerCheckpointManager(checkpoint, chief, worker="worker-1")
+    first = checkpoint_manager.WorkerCheckpointManager(checkpoint, chief, worker="worker-1")
     # What another user could create first under the name a worker would use.
     prefix = os.path.basename(first.temp_directory)[: -len("xxxxxxxx")]
     squatted = tmp_path / prefix.rstrip("-")
@@ -109,7 +109,7 @@ def test_worker_temp_folders_are_unpredictable_and_abandoned_ones_removed(tmp_pa
     abandoned.mkdir()
     (abandoned / "worker.lock").write_text("host h pid 1\n")
 
-    second = worker_checkpoints.WorkerCheckpointManager(checkpoint, chief, worker="worker-1")
+    second = checkpoint_manager.WorkerCheckpointManager(checkpoint, chief, worker="worker-1")
     names = {first.temp_directory, second.temp_directory}
     assert len(names) == 2 and all(os.path.basename(n).startswith(prefix) for n in names)
     assert all(stat.S_IMODE(os.stat(n).st_mode) == 0o700 for n in names)

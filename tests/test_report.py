@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from orbitask.trainers import run_experiment
-from orbitask.trainers.commands import cli, compare, report
+from orbitask.trainers.commands import cli, report, several_runs
 from orbitask.trainers.state import metrics_file
 from tests.helpers import TinyTask
 from tests.test_settings_record import _train
@@ -208,7 +208,7 @@ def test_the_table_tells_a_runs_final_evaluation_from_its_best(tmp_path):
     evals = [{"accuracy": (np.array([10, 20, 30]), np.array([0.5, 0.9, 0.7]))},
              {"loss": (np.array([10]), np.array([1.0]))}]  # fmt: skip
     loaded = [report.Run(train={}, eval=e, seconds=[1.0]) for e in evals]
-    rows = [r.split() for r in compare.table(runs, loaded, "accuracy").splitlines()[1:]]
+    rows = [r.split() for r in several_runs.table(runs, loaded, "accuracy").splitlines()[1:]]
     assert rows == [["a", "30", "0.7", "0.9", "(20)"], ["b", "10", "-", "-"]]
 
 
@@ -218,7 +218,7 @@ def test_each_run_keeps_one_colour_in_every_panel():
     rate = {"loss": points, "learning_rate": points}
     loaded = [report.Run(train=rate, eval={}, seconds=[1.0])]
     loaded += [report.Run(train=rate, eval={"loss": points, "accuracy": points}, seconds=[1.0])] * 2
-    figure = compare.figure(["runs/a", "runs/b", "runs/c"], loaded, "accuracy")
+    figure = several_runs.figure(["runs/a", "runs/b", "runs/c"], loaded, "accuracy")
     colours = {}
     for ax in figure.axes:
         for line in ax.get_lines():
@@ -253,7 +253,7 @@ def test_the_table_fits_120_columns_with_the_set_bindings_and_lists_the_rest(tmp
     loaded = [
         report.Run(train={}, eval={"accuracy": (np.array([10]), np.array([0.5]))}, seconds=[1.0])
     ] * 3
-    text = compare.table(runs, loaded, "accuracy")
+    text = several_runs.table(runs, loaded, "accuracy")
     assert max(len(line) for line in text.splitlines()) <= 120, text
     header = text.splitlines()[0]
     assert "run_experiment.learning_rate" in header and "loop_seconds" not in header, text

@@ -8,7 +8,7 @@ if TYPE_CHECKING:  # what editors and type checkers read; at runtime each name l
     from orbitask.trainers.commands.ray_train import run_on_ray as run_on_ray
     from orbitask.trainers.distribution.strategies import build_strategy as build_strategy
     from orbitask.trainers.distribution.strategies import logical_cpus as logical_cpus
-    from orbitask.trainers.engine.trainer import TaskTrainer as TaskTrainer
+    from orbitask.trainers.engine.task_trainer import TaskTrainer as TaskTrainer
     from orbitask.trainers.errors import ConfigError as ConfigError
     from orbitask.trainers.errors import Interrupted as Interrupted
     from orbitask.trainers.errors import NonFiniteLossError as NonFiniteLossError
@@ -40,7 +40,7 @@ __all__, __getattr__, __dir__ = exports(
         "read_predictions": "orbitask.trainers.state.predictions",
         "run_experiment": "orbitask.trainers.run.experiment",
         "run_on_ray": "orbitask.trainers.commands.ray_train",
-        "TaskTrainer": "orbitask.trainers.engine.trainer",
+        "TaskTrainer": "orbitask.trainers.engine.task_trainer",
         "ValidationControl": "orbitask.trainers.features.validation_control",
         "WarmStart": "orbitask.trainers.features.warm_start",
     },

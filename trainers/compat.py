@@ -12,7 +12,7 @@ private API, and why:
   "checkpoint" entry; Orbit's public `save_checkpoint` calls it), and calls Orbit's `_require`
   and `_sync_on_async_checkpointing` as Orbit's own `train` does. Overrides must keep Orbit's
   names to be called by Orbit's code.
-- `trainers/state/checkpoints.py`, `trainers/state/checkpoint_restore.py`: a
+- `trainers/state/checkpoint_manager.py`, `trainers/state/checkpoint_restore.py`: a
   `tf.train.CheckpointManager`'s `_max_to_keep`, `_maybe_delete` and `_latest_checkpoint`
   (which checkpoints it keeps, set from the files when its state file is damaged or a corrupt
   newest one is skipped); `checkpoint_management.get_checkpoint_state`, replaced while a

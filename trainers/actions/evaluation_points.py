@@ -1,6 +1,6 @@
 """When `train_and_evaluate` evaluates: the `evaluation` entry of the Controller's schedule.
 
-Its `Trigger` is given whole: a run's is built from its settings (`running.evaluation_trigger`:
+Its `Trigger` is given whole: a run's is built from its settings (`run.entries.evaluation_trigger`:
 the multiples of `eval_interval` counted from step 0, and `train_steps`, whatever step a run
 starts from, as Orbit counts the interval from the starting step, so a run resumed at 350 would
 evaluate at 550, 750; with `eval_seconds`, also after the first device loop that ends that many

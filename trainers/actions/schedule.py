@@ -27,7 +27,7 @@ evaluation       at start (the first evaluation); eval_interval     yes
 ```
 
 The Controller adds `train_actions`, `summaries`, `summary_writes`, `checkpoint` and, in
-`train_and_evaluate`, `evaluation`; the runner builds the others (`run.run_actions.train_entries`).
+`train_and_evaluate`, `evaluation`; the runner builds the others (`run.entries.train_entries`).
 A new periodic feature is one more entry.
 
 Everything here is eager host Python on ints: it runs after every device loop.

@@ -2,7 +2,7 @@
 
     orbitask report --model_dir=runs/digits [--output=report.png] [--metric=accuracy]
 
-Several `--model_dir`, or a folder of runs, compare the runs instead (`compare`); a sweep's
+Several `--model_dir`, or a folder of runs, compare the runs instead (`several_runs`); a sweep's
 folder first says its best trial (`sweeps.study.report_lines`). For one run, it
 reads the TensorBoard event files the runner writes under `model_dir/train` and `model_dir/eval`
 and draws loss (train and eval), eval metrics, learning rate and steps/s over steps; prints the
@@ -323,13 +323,13 @@ def main(argv: list[str]) -> int:
         if FLAGS.output:
             FLAGS.output = os.path.expanduser(FLAGS.output)
             files.check_scheme(FLAGS.output, "--output")
-        from orbitask.trainers.commands import compare
+        from orbitask.trainers.commands import several_runs
 
-        runs = compare.find_runs(FLAGS.model_dir)
+        runs = several_runs.find_runs(FLAGS.model_dir)
         if len(runs) == 1:
             text = report(runs[0], FLAGS.output, FLAGS.metric)
         else:
-            text = compare.report_runs(runs, FLAGS.output, FLAGS.metric)
+            text = several_runs.report_runs(runs, FLAGS.output, FLAGS.metric)
         from orbitask.trainers.commands.sweeps import study  # a sweep's best trial first
 
         text = "".join(f"{line}\n" for line in study.report_lines(FLAGS.model_dir)) + text

@@ -4,7 +4,7 @@ Multi-worker rules:
 
 - Every worker calls save: reading a SyncOnRead variable is a collective, so a save on the chief
   alone deadlocks. Non-chief workers save into their own temporary folder (one checkpoint kept,
-  removed when the process exits; `trainers.state.worker_checkpoints`); only the chief's
+  removed when the process exits; `trainers.state.checkpoint_manager`); only the chief's
   checkpoints, in the model directory, count.
 - Every worker restores from the chief's checkpoints, so the model directory must be storage
   that every machine reads (GCS, NFS, ...). Each worker restores its own input position

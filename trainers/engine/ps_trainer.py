@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from orbitask.common import keras_compat
 from orbitask.trainers.distribution.cluster import num_ps_workers
-from orbitask.trainers.engine.trainer import TaskTrainer
+from orbitask.trainers.engine.task_trainer import TaskTrainer
 from orbitask.trainers.errors import ConfigError
 
 

@@ -25,7 +25,7 @@ from orbitask.trainers.engine.kept_step import KeptStep
 from orbitask.trainers.engine.prefetch import Prefetch
 from orbitask.trainers.engine.ps_trainer import ParameterServerTrainer
 from orbitask.trainers.engine.steps import RunObjects, TrainStep
-from orbitask.trainers.engine.trainer import TaskTrainer
+from orbitask.trainers.engine.task_trainer import TaskTrainer
 from orbitask.trainers.errors import ConfigError
 from orbitask.trainers.features.learning_rate import LearningRate
 from orbitask.trainers.features.precision import DynamicLossScale, precision_policy
@@ -151,19 +151,26 @@ def build_train_input(
     return preflight.checked_train_input(task, strategy, train_input, objects)
 
 
-def steps_of_epochs(epochs: int, epoch_length: Any, strategy: Any) -> int:
-    """The step `epochs` epochs of the training input end at, the fewest of any worker's.
-    Eager; returns the step.
+def build_train_steps(settings: Settings, train_input: Any, strategy: Any, chief: bool) -> Any:
+    """The step training stops at: `train_steps`, or else (`train_input` given) `train_epochs`
+    (default one) epochs of the training input, the fewest of any worker's, said in one line by
+    the chief. Eager; returns the step, or None.
 
     Raises:
       ConfigError: when the epochs come to no step.
     """
-    steps = cluster.smallest(strategy, epoch_length.steps_for(epochs))
+    loop = settings.loop
+    if loop.train_steps is not None or train_input is None:
+        return loop.train_steps
+    epochs, length = loop.train_epochs or 1, train_input.epoch_length
+    steps = cluster.smallest(strategy, length.steps_for(epochs))
     if steps < 1:
         raise ConfigError(
-            f"train_epochs={epochs} of {float(epoch_length.steps):.3g} steps each is no step; "
+            f"train_epochs={epochs} of {float(length.steps):.3g} steps each is no step; "
             "raise orbitask.run_experiment.train_epochs or lower global_batch_size."
         )
+    if chief:
+        messages.epochs(epochs, length.steps, steps)
     return steps
 
 

@@ -54,7 +54,7 @@ from orbitask.trainers.actions.schedule import Periodic, Schedule
 from orbitask.trainers.actions.step_rate import StepRate
 from orbitask.trainers.actions.triggers import Trigger
 from orbitask.trainers.distribution import cluster
-from orbitask.trainers.engine.trainer import step_now
+from orbitask.trainers.engine.task_trainer import step_now
 from orbitask.trainers.state import checkpoint_restore
 
 
@@ -299,7 +299,7 @@ class Controller(orbit.Controller):
         return Periodic("checkpoint", save, when=self._saves, ends_loop=True)
 
     def _step_now(self) -> int:
-        """The global step (`engine.trainer.step_now`)."""
+        """The global step (`engine.task_trainer.step_now`)."""
         return step_now(self.trainer, self.global_step)
 
     def restore_checkpoint(self, checkpoint_path: str | None = None) -> str | None:

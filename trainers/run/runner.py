@@ -2,7 +2,7 @@
 
 The run is built by steps in the order `build` lists, each a method a subclass may override (as
 in Model Garden's `OrbitExperimentRunner`) returning what it builds, whole. Their work is in
-`builders`, `checkpointing` and `run_actions`; running the mode is `running.ModeRunning`, a base
+`builders`, `checkpoint_setup` and `entries`; running the mode is `modes.ModeRunning`, a base
 class; what the run prints is `messages`.
 """
 
@@ -24,17 +24,17 @@ from orbitask.trainers.actions.schedule import Periodic
 from orbitask.trainers.distribution import cluster
 from orbitask.trainers.engine import inputs, user_code
 from orbitask.trainers.engine.loop_length import LoopLength
-from orbitask.trainers.engine.trainer import TaskTrainer
+from orbitask.trainers.engine.task_trainer import TaskTrainer
 from orbitask.trainers.run import (
     batch_checks,
     builders,
-    checkpointing,
+    checkpoint_setup,
+    entries,
     folders,
     messages,
-    run_actions,
 )
 from orbitask.trainers.run.controller import Controller
-from orbitask.trainers.run.running import ModeRunning
+from orbitask.trainers.run.modes import ModeRunning
 from orbitask.trainers.run.settings import Settings
 from orbitask.trainers.run.settings import check as check_settings
 from orbitask.trainers.state import full_disk, model_dir_lock
@@ -69,13 +69,18 @@ class ExperimentRunner(ModeRunning):
     ):
         task = model_garden.adapt(task)  # a Model Garden task runs as it is
         check_settings(task, model_dir, mode, settings)
-        checkpointing.check_eval_checkpoint(eval_checkpoint, mode)
+        checkpoint_setup.check_eval_checkpoint(eval_checkpoint, mode)
         self.eval_checkpoint = eval_checkpoint
         self.output_dir = folders.output_dir(model_dir, output_dir, mode)  # eval/ goes there
         self.summary_dir = summary_dir  # a platform's TensorBoard folder, or None
         # Saved checkpoints evaluated one by one, each restored by the runner: they only read
         # the model directory (no best export, learning-rate control or operative config).
         self.evaluates_saved = mode == "eval_all" or eval_checkpoint is not None
+        # The run's own copy of the validation control (the settings' stays as given), for a
+        # run that evaluates as it goes; else None.
+        control = settings.evaluation.validation_control
+        live = control is not None and mode != "train" and not self.evaluates_saved
+        self.validation_control = copy.copy(control) if live else None
         self.task = task
         self.model_dir = model_dir
         self.mode = mode
@@ -90,7 +95,7 @@ class ExperimentRunner(ModeRunning):
         self.model_dir_lock = model_dir_lock.ModelDirLock(model_dir)  # one run per directory
         # SIGTERM: a training run saves, then every mode exits 75 (installed for the whole run).
         save = self._save_for_preemption if self.training else None
-        self.preemption = run_actions.build_preemption(settings.checkpoints, self._step_now, save)
+        self.preemption = entries.build_preemption(settings.checkpoints, self._step_now, save)
 
     def run(self) -> dict:
         """Builds everything, then runs the mode. Eager; returns `{"train", "eval"}` logs."""
@@ -166,7 +171,8 @@ class ExperimentRunner(ModeRunning):
         self.controller = self._build_controller()  # restores the newest checkpoint
         # Only now, the run accepted: a refused command leaves the run's record as it was.
         if self.chief and self.training:
-            self._record_start()
+            state, summaries = self.checkpointing, self.summaries
+            checkpoint_setup.record_start(self.model_dir, self.objects, state, summaries)
 
     def _build_strategy(self) -> tf.distribute.Strategy:
         """Seeds and logical CPU devices first (they must precede TensorFlow's start)."""
@@ -185,20 +191,10 @@ class ExperimentRunner(ModeRunning):
         )
 
     def _train_steps(self) -> int | None:
-        """The step training stops at: `train_steps`, or else `train_epochs` (default one) epochs
-        of the training input, the fewest of any worker's, said in one line. Eager.
-
-        Raises:
-          ConfigError: when the epochs come to no step.
-        """
-        loop = self.settings.loop
-        if loop.train_steps is not None or not self.training:
-            return loop.train_steps
-        epochs, length = loop.train_epochs or 1, self.train_input.epoch_length
-        steps = builders.steps_of_epochs(epochs, length, self.strategy)
-        if self.chief:
-            messages.epochs(epochs, length.steps, steps)
-        return steps
+        """The step training stops at: `train_steps`, else `train_epochs` of the input."""
+        return builders.build_train_steps(
+            self.settings, self.train_input, self.strategy, self.chief
+        )
 
     def _build_summaries(self) -> builders.SummaryManagers:
         """The train/ (a training run's) and eval/ summary managers; the chief's write."""
@@ -215,23 +211,23 @@ class ExperimentRunner(ModeRunning):
 
     def _build_callbacks(self) -> CallbackAction:
         """The Task's callbacks as an Orbit action."""
-        return run_actions.build_callbacks(
+        return entries.build_callbacks(
             self.task,
             self.strategy,
             self.objects.global_step,
             self.summaries.train.summary_writer(),
             self.settings.features.histogram_interval,
             context=self._callback_context,
-            history=self._loop_history,
+            history=lambda: self.trainer.loop_history,
             current_step=self._step_now,
         )
 
-    def _build_checkpoint(self) -> checkpointing.Checkpointing:
+    def _build_checkpoint(self) -> checkpoint_setup.Checkpointing:
         """The checkpoint of everything a resumed run needs, and this worker's manager."""
-        state = checkpointing.checkpointed_state(
-            self.task, self.objects, self.settings, self.mode, self._validation_control()
+        state = checkpoint_setup.checkpointed_state(
+            self.task, self.objects, self.settings, self.mode, self.validation_control
         )
-        return checkpointing.build_checkpointing(
+        return checkpoint_setup.build_checkpointing(
             self.task,
             self.model_dir,
             self.objects,
@@ -245,7 +241,7 @@ class ExperimentRunner(ModeRunning):
 
     def _checkpoints_to_evaluate(self) -> list[str]:
         """The saved checkpoints evaluated one by one: `eval_checkpoint`, or all for eval_all."""
-        return checkpointing.checkpoints_to_evaluate(
+        return checkpoint_setup.checkpoints_to_evaluate(
             self.mode, self.eval_checkpoint, self.checkpointing.manager, self.model_dir
         )
 
@@ -276,12 +272,12 @@ class ExperimentRunner(ModeRunning):
     def _build_progress(self) -> ProgressAction | None:
         """The chief's progress display, unless `progress` is off."""
         loop, step = self.settings.loop, self.objects.global_step
-        return run_actions.build_progress(loop, step, self.train_steps, self._step_now, self.chief)
+        return entries.build_progress(loop, step, self.train_steps, self._step_now, self.chief)
 
     def _build_profiler(self) -> Profiler | None:
         """The profiler of `profile_steps`, or None."""
         steps, folder = self.settings.features.profile_steps, self.summary_dir or self.model_dir
-        return run_actions.build_profiler(steps, folder, self._step_now, self.trainer, self.chief)
+        return entries.build_profiler(steps, folder, self._step_now, self.trainer, self.chief)
 
     def _build_train_entries(self) -> list[Periodic]:
         """The run's entries of the Controller's schedule, in order: callbacks (and a schedule's
@@ -292,7 +288,7 @@ class ExperimentRunner(ModeRunning):
             nan_guard = nan_guard.entry(
                 state.checkpoint, state.manager, self.strategy, objects.global_step, self.trainer
             )
-        return run_actions.train_entries(
+        return entries.train_entries(
             callbacks=self.callbacks,
             keep_logs=self._keep_train_logs,
             learning_rate=objects.learning_rate,
@@ -301,14 +297,14 @@ class ExperimentRunner(ModeRunning):
             nan_guard=nan_guard,
             preemption=self.preemption,
             model_dir_check=self._recreate_if_deleted if self.chief and self.training else None,
-            metrics_window=run_actions.metrics_window_entry(
+            metrics_window=entries.metrics_window_entry(
                 objects.train_metrics, self.settings.loop.metrics_window
             ),
         )
 
     def _build_eval_actions(self) -> list:
         """The Orbit eval actions, in order: results, validation control, SIGTERM."""
-        control, validation, state = self._validation_control(), None, self.checkpointing
+        control, validation, state = self.validation_control, None, self.checkpointing
         if control is not None:
             validation = control.action(
                 # A non-chief worker exports its best checkpoint into its own temp folder.
@@ -322,7 +318,7 @@ class ExperimentRunner(ModeRunning):
                 trainer=self.trainer,
                 train_steps=self.train_steps if self.training else None,
             )
-        return run_actions.eval_actions(
+        return entries.eval_actions(
             keep_logs=self._keep_eval_logs, validation=validation, preemption=self.preemption
         )
 
@@ -352,12 +348,3 @@ class ExperimentRunner(ModeRunning):
             # Not None, or Orbit reuses train/'s writer.
             eval_summary_dir=os.path.join(self.summary_dir or self.output_dir, "eval"),
         )
-
-    def _validation_control(self) -> Any:
-        """The run's own copy of the validation control (the settings' stays as given) of a run
-        that evaluates as it goes (not saved checkpoints one by one), else None."""
-        control = self.settings.evaluation.validation_control
-        if control is None or not self.evaluating or self.evaluates_saved:
-            return None
-        self._control = getattr(self, "_control", None) or copy.copy(control)
-        return self._control

@@ -25,6 +25,7 @@ Each SavedModel has one signature, `serving_default`, calling the model with `tr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
@@ -304,3 +305,12 @@ def restored_model(
         for variable, shadow in zip(averages.variables, averages.shadows, strict=True):
             variable.assign(shadow)
     return model, int(step.numpy())
+
+
+def export_trained(task: Any, objects: Any, root: str, step: int) -> str:
+    """Writes the trained model of `objects` (a `steps.RunObjects`; its EMA averages if set) as
+    a SavedModel under `root/export` at `step`. Eager; returns its folder."""
+    ema, model = objects.ema, objects.model
+    batch = objects.global_batch_size // objects.strategy.num_replicas_in_sync
+    with ema.averaged() if ema else contextlib.nullcontext():
+        return write(task, model, os.path.join(root, "export"), step, batch)

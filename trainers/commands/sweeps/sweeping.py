@@ -140,11 +140,11 @@ def _validation_control(gin_files: list[str], gin_params: list[str]) -> Any:
 
 
 def _table(folder: str, metric: str) -> str:
-    """`orbitask report`'s table and plot of the sweep's trials (`compare.report_runs`)."""
-    from orbitask.trainers.commands import compare, report
+    """`orbitask report`'s table and plot of the sweep's trials (`several_runs.report_runs`)."""
+    from orbitask.trainers.commands import report, several_runs
 
     try:
-        runs = compare.find_runs([folder])
-        return compare.report_runs(runs, None, metric)
+        runs = several_runs.find_runs([folder])
+        return several_runs.report_runs(runs, None, metric)
     except report.ReportError as e:
         return f"no table of the trials: {e}"

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable
-from typing import Any
 
 import tensorflow as tf
 from absl import logging
@@ -19,14 +18,13 @@ from absl import logging
 from orbitask.common.errors import one_line
 from orbitask.tasks import CallbackContext
 from orbitask.trainers.actions import summaries
-from orbitask.trainers.actions.triggers import Trigger
 from orbitask.trainers.engine import evaluation, step_errors
-from orbitask.trainers.engine.trainer import step_now
+from orbitask.trainers.engine.task_trainer import step_now
 from orbitask.trainers.errors import EarlyStop
 from orbitask.trainers.features.nan_guard import ZeroedSteps
-from orbitask.trainers.run import best, checkpointing, messages, saved_model
+from orbitask.trainers.run import best, checkpoint_setup, entries, messages, saved_model
 from orbitask.trainers.run.controller import Controller
-from orbitask.trainers.run.settings import EvalSettings, Settings
+from orbitask.trainers.run.settings import EvalSettings
 from orbitask.trainers.state import checkpoint_restore, full_disk, run_facts, settings_record
 
 
@@ -145,11 +143,6 @@ class ModeRunning:
         path = self.controller.save_now()
         return path if self.chief else os.path.join(self.model_dir, os.path.basename(path))
 
-    def _record_start(self) -> None:
-        """A training start's records (`checkpointing.record_start`). Eager, the chief."""
-        state, summaries_ = self.checkpointing, self.summaries
-        checkpointing.record_start(self.model_dir, self.objects, state, summaries_)
-
     def _recreate_if_deleted(self) -> None:
         """After each device loop (before its summaries and saves): a model directory deleted
         during the run is said in one line and made again whole (the next save writes the
@@ -177,11 +170,8 @@ class ModeRunning:
         return self.controller.schedule.running or self.trainer.phase
 
     def _step_now(self) -> int:
-        """The global step (`engine.trainer.step_now`)."""
+        """The global step (`engine.task_trainer.step_now`)."""
         return step_now(self.trainer, self.objects.global_step)
-
-    def _loop_history(self) -> tuple[int, dict]:
-        return self.trainer.loop_history
 
     def _saved(self, path: str) -> None:
         """The Controller's `on_saved`: the Task's `on_checkpoint_saved`, once a path (a save
@@ -234,7 +224,7 @@ class ModeRunning:
             saved = {e["step"]: e["checkpoint"] for e in self.results["evaluated"]}
             self.evaluations = [(e["step"], e["eval"]) for e in self.results["evaluated"]]
         found = best.of_run(
-            self.model_dir, self.evaluations, self._validation_control(), saved, self.training
+            self.model_dir, self.evaluations, self.validation_control, saved, self.training
         )
         if found is not None:
             messages.say(found.line())
@@ -242,7 +232,7 @@ class ModeRunning:
 
     def _run_mode(self) -> dict:
         eval_settings, global_step = self.settings.evaluation, self.objects.global_step
-        control = self._validation_control()  # the run's own, built copy
+        control = self.validation_control  # the run's own, built copy
         if self.training and control is not None and control.stopped():
             raise EarlyStop(f"already stopped early at step {int(global_step.numpy())}")
         step = self._step_now()
@@ -280,7 +270,7 @@ class ModeRunning:
         eval_all records each checkpoint it evaluated in `eval/evaluated_checkpoints.txt`, and
         goes on after them when started again (a stop, SIGTERM)."""
         record = os.path.join(self.output_dir, "eval", "evaluated_checkpoints.txt")
-        done = checkpointing.evaluated_before(record) if self.mode == "eval_all" else []
+        done = checkpoint_setup.evaluated_before(record) if self.mode == "eval_all" else []
         if done:
             messages.say(f"eval_all: {len(done)} checkpoint(s) evaluated before ({record})")
         for path in self.saved:
@@ -307,9 +297,7 @@ class ModeRunning:
             return
         manager = self.checkpointing.manager
         root = getattr(manager, "temp_directory", self.model_dir)  # a non-chief: its own
-        path = export_model(
-            self.task, self.objects, self.settings, self.strategy, root, self._step_now()
-        )
+        path = saved_model.export_trained(self.task, self.objects, root, self._step_now())
         if self.chief:
             self.results["export"] = path
             messages.say(f"SavedModel in {path}")
@@ -347,7 +335,7 @@ def run_controller(
     if mode == "train":
         controller.train(train_steps)
     elif mode == "train_and_eval":
-        when = evaluation_trigger(train_steps, evaluation)
+        when = entries.evaluation_trigger(train_steps, evaluation)
         controller.train_and_evaluate(train_steps, eval_steps, when=when)
     elif mode == "eval":
         controller.evaluate(eval_steps)
@@ -360,25 +348,3 @@ def run_controller(
             timeout_fn=lambda: train_steps is not None and int(global_step.numpy()) >= train_steps,
             waiting=waiting,
         )
-
-
-def evaluation_trigger(train_steps: int, evaluation: EvalSettings) -> Trigger:
-    """When train_and_eval evaluates: at the multiples of `eval_interval` counted from step 0,
-    at each of `eval_at_steps`, at `train_steps`, and `eval_seconds` of training after the last
-    evaluation."""
-    return Trigger(
-        every_steps=evaluation.eval_interval,
-        every_secs=evaluation.eval_seconds,
-        at_steps=(train_steps, *evaluation.eval_at_steps),
-    )
-
-
-def export_model(
-    task: Any, objects: Any, settings: Settings, strategy: Any, root: str, step: int
-) -> str:
-    """Writes the trained model of `objects` (its EMA averages if set) as a SavedModel under
-    `root/export` at `step`. Eager; returns its folder."""
-    ema, model = objects.ema, objects.model
-    batch = settings.loop.global_batch_size // strategy.num_replicas_in_sync
-    with ema.averaged() if ema else contextlib.nullcontext():
-        return saved_model.write(task, model, os.path.join(root, "export"), step, batch)

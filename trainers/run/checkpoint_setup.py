@@ -15,7 +15,7 @@ from orbitask.trainers.errors import ConfigError
 from orbitask.trainers.run import messages
 from orbitask.trainers.run.builders import RunObjects
 from orbitask.trainers.run.settings import Settings
-from orbitask.trainers.state import checkpoints, random_state, settings_record, worker_checkpoints
+from orbitask.trainers.state import checkpoint_manager, random_state, settings_record
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +88,7 @@ def build_checkpointing(
 ) -> Checkpointing:
     """The checkpoint of the task's objects, `train_input`'s position, the callbacks' state and
     `extra_state`, and this worker's manager of it. Eager, in the strategy's scope."""
-    checkpoint, manager = checkpoints.build(
+    checkpoint, manager = checkpoint_manager.build(
         task=task,
         model_dir=model_dir,
         global_step=objects.global_step,
@@ -102,7 +102,7 @@ def build_checkpointing(
         asynchronous=asynchronous,
         max_to_keep=max_to_keep,
     )
-    return Checkpointing(checkpoint, worker_checkpoints.for_this_worker(manager, strategy))
+    return Checkpointing(checkpoint, checkpoint_manager.for_this_worker(manager, strategy))
 
 
 def check_eval_checkpoint(eval_checkpoint: str | None, mode: str) -> None:

@@ -1,5 +1,6 @@
 """A run's entries of the Controller's schedule (the Task's callbacks, the optional progress
-display and profiler, the NaN guard and SIGTERM's watcher) and its Orbit eval actions."""
+display and profiler, the NaN guard and SIGTERM's watcher), the `evaluation` entry's `Trigger` and
+its Orbit eval actions."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from orbitask.trainers.actions.schedule import Periodic
 from orbitask.trainers.actions.triggers import Trigger
 from orbitask.trainers.distribution import cluster, slurm
 from orbitask.trainers.features.learning_rate import LearningRate
-from orbitask.trainers.run.settings import CheckpointSettings, LoopSettings
+from orbitask.trainers.run.settings import CheckpointSettings, EvalSettings, LoopSettings
 
 
 def build_preemption(
@@ -167,4 +168,15 @@ def build_callbacks(
         history=None if ps else history,
         current_step=current_step,
         triggered=triggered,
+    )
+
+
+def evaluation_trigger(train_steps: int, evaluation: EvalSettings) -> Trigger:
+    """When train_and_eval evaluates: at the multiples of `eval_interval` counted from step 0,
+    at each of `eval_at_steps`, at `train_steps`, and `eval_seconds` of training after the last
+    evaluation."""
+    return Trigger(
+        every_steps=evaluation.eval_interval,
+        every_secs=evaluation.eval_seconds,
+        at_steps=(train_steps, *evaluation.eval_at_steps),
     )

@@ -280,7 +280,7 @@ class TaskTrainer(orbit.StandardTrainer, TaskEvaluator):
     def train_loop_begin(self):
         """Eager, before each device loop: lr into the optimizer (where the loop does not copy
         it), each replica's own seeds, retrace check. Returns None. (The train metrics restart
-        in the schedule's `metrics_window` entry: `run.run_actions.metrics_window_entry`.)
+        in the schedule's `metrics_window` entry: `run.entries.metrics_window_entry`.)
         """
         self._rate_into_optimizer(in_loop=False)
         self.replica_draws()
