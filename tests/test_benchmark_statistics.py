@@ -118,21 +118,35 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _state(pid: int) -> str:
+    """The process's state letter in /proc: R running, S sleeping, T stopped, ..."""
+    return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+
+
+def _until(condition, seconds: float = 20.0) -> bool:
+    """Polls `condition` until it holds or `seconds` pass (a busy machine schedules late)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_frozen_worker_runs_nothing_until_thawed():
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     worker_ = object.__new__(Worker)  # a Worker's signals, on a process that only spins
     worker_.process = busy
     try:
-        time.sleep(0.2)
+        assert _until(lambda: _cpu_seconds(busy.pid) > 0.05)  # it spins
         worker_.freeze()
-        time.sleep(0.05)
+        assert _until(lambda: _state(busy.pid) == "T")
         frozen = _cpu_seconds(busy.pid)
         time.sleep(0.4)
         assert _cpu_seconds(busy.pid) == frozen
         worker_.thaw()
-        time.sleep(0.4)
-        assert _cpu_seconds(busy.pid) > frozen + 0.1
+        assert _until(lambda: _cpu_seconds(busy.pid) > frozen + 0.1)
     finally:
         busy.kill()
         busy.wait()
